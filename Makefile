@@ -1,0 +1,28 @@
+# `make demo`: install what is missing into .venv, then a 2-process CPU training on the default
+# synthetic dataset. `make test`: install what is missing, then the test suite.
+PYTHON ?= python3.11
+VENV   ?= .venv
+NPROC  ?= 2
+STAMP  := $(VENV)/.stack-installed
+
+.PHONY: demo test test-all install clean
+
+$(STAMP): pyproject.toml tools/install_stack.py
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (or: make PYTHON=python3)"; exit 1; }
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python tools/install_stack.py --variant cpu --editable --extras test
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) -m slipstream_rec.train $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q $(ARGS)
+
+test-all: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "" $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs

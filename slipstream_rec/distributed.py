@@ -1,0 +1,99 @@
+"""Process-group set-up: device and backend chosen from the hardware, ranks from torchrun's env."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, List
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_device(requested: str, local_rank: int) -> torch.device:
+    """``auto`` means cuda:<local_rank> when a GPU is visible, else cpu."""
+    if requested not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"trainer.device={requested!r}: use auto, cpu or cuda")
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "trainer.device=cuda but torch sees no GPU (torch.cuda.is_available() is False); "
+                "use trainer.device=auto or cpu"
+            )
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
+    """Join the job torchrun/TorchX started, or form a 1-process group when run bare.
+
+    A 1-process gloo group keeps one code path: DMP, the planner and the collectives all work the
+    same with world size 1.
+    """
+    if "RANK" not in os.environ:
+        # Bare `slipstream-train`: a single-process job on a free local port.
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    dev = resolve_device(device, local_rank)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=dev if dev.type == "cuda" else None,
+        )
+    return DistEnv(rank, local_rank, world_size, local_world_size, dev, backend)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s value on every rank. Collective: all ranks enter."""
+    box: List[Any] = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_objects(obj: Any) -> List[Any]:
+    """Every rank's value, in rank order. Collective: all ranks enter."""
+    out: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def close_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,173 @@
+"""The training recipe, step by step: data, model, sharding, optimizers, loop, summary.
+
+Read top to bottom, this is what one run does on every rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import Any, Dict
+
+import torch
+import torch.distributed as dist
+
+from slipstream_rec.config import JobConfig, config_hash, to_yaml
+from slipstream_rec.data.loader import NpyBatchLoader, load_meta
+from slipstream_rec.data.synthetic import ensure_dataset
+from slipstream_rec.distributed import DistEnv, all_gather_objects, broadcast_object
+from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
+from slipstream_rec.optim import build_optimizer, fuse_embedding_optimizer
+from slipstream_rec.sharding.plan import describe_plan, shard_model
+from slipstream_rec.training.metric_log import MetricLog, write_json_atomic
+from slipstream_rec.training.trainer import Trainer, planned_steps
+
+logger = logging.getLogger(__name__)
+
+
+def prepare_run_dir(job: JobConfig, env: DistEnv) -> Path:
+    """One run directory for all ranks; rank 0 creates it and writes the resolved config.
+
+    Collective: all ranks enter (broadcast of rank 0's choice, all-gather of config hashes).
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    default = (
+        f"runs/{run_id}"
+        if run_id not in ("", "none")
+        else f"runs/{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
+    )
+    # Plain torchrun without --rdzv-id gives every job the run id "none", and timestamps differ
+    # between ranks: rank 0's choice is the one every rank uses.
+    run_dir = Path(broadcast_object(job.trainer.run_dir or default))
+    hashes = all_gather_objects(config_hash(job))
+    if len(set(hashes)) != 1:
+        raise RuntimeError(
+            f"ranks resolved different configurations (hashes {hashes}); launch every rank with "
+            "the same overrides and the same conf/ directory"
+        )
+    if env.is_rank0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(job))
+    dist.barrier()  # all ranks: nobody writes into the directory before it exists
+    return run_dir
+
+
+def prepare_data(job: JobConfig, env: DistEnv) -> Path:
+    """Local rank 0 of each node generates (or finds cached) data; the others wait.
+
+    Collective: all ranks enter the barrier.
+    """
+    if env.local_rank == 0:
+        ensure_dataset(job.data)
+    dist.barrier()
+    return ensure_dataset(job.data)
+
+
+def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
+    """Train and evaluate; returns the summary that rank 0 also writes to summary.json."""
+    run_dir = prepare_run_dir(job, env)
+    data_dir = prepare_data(job, env)
+    meta = load_meta(data_dir)
+    tr = job.trainer
+
+    # Different seeds per rank, so that the row-wise shards of one table differ; DDP broadcasts
+    # rank 0's dense weights anyway.
+    torch.manual_seed(tr.seed + env.rank)
+    model = build_model(
+        job.model,
+        num_dense=meta.num_dense,
+        feature_names=meta.sparse_feature_names,
+        num_embeddings=meta.num_embeddings_per_feature,
+        dense_device=env.device,
+    )
+    fuse_embedding_optimizer(model, job.optim.embedding)
+    tables = embedding_bag_configs(
+        job.model, meta.sparse_feature_names, meta.num_embeddings_per_feature
+    )
+    dmp = shard_model(model, job.sharding, tables, env.device, tr.batch_size)
+    optimizer, scheduler = build_optimizer(dmp, job.optim)
+
+    def loader(split: str, train: bool) -> NpyBatchLoader:
+        return NpyBatchLoader(
+            data_dir,
+            split,
+            batch_size=tr.batch_size if train else (tr.eval_batch_size or tr.batch_size),
+            rank=env.rank,
+            world_size=env.world_size,
+            train=train,
+            shuffle=job.data.shuffle and train,
+            seed=tr.seed,
+            mmap=job.data.mmap,
+        )
+
+    train_loader = loader("train", True)
+    total_steps = planned_steps(tr, len(train_loader))
+    log = MetricLog(run_dir, env.is_rank0, tr.tensorboard, tr.progress_bar, total_steps)
+    trainer = Trainer(
+        tr,
+        env,
+        dmp,
+        optimizer,
+        scheduler,
+        train_loader,
+        loader("val", False),
+        loader("test", False) if tr.test_at_end else None,
+        log,
+    )
+    try:
+        plan = describe_plan(dmp)
+        log.write(
+            f"run_dir={run_dir} world_size={env.world_size} device={env.device} "
+            f"backend={env.backend} steps={total_steps} "
+            f"global_batch={tr.batch_size * env.world_size} "
+            f"sharding={sorted(set(plan.values()))} policy={job.slipstream.policy.value}"
+        )
+        trainer.fit()
+        metrics = trainer.finish()
+    finally:
+        log.close()
+
+    summary = {
+        **metrics,
+        "world_size": env.world_size,
+        "device": str(env.device),
+        "backend": env.backend,
+        "batch_size_per_rank": tr.batch_size,
+        "sharding": job.sharding.type.value,
+        "sharding_plan": plan,
+        "policy": job.slipstream.policy.value,
+        "experiment": job.experiment,
+        "model": job.model.arch.value,
+        "dataset": str(data_dir),
+        "dataset_teacher_auc": meta.teacher_auc,
+        "config_hash": config_hash(job),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchrec": _version("torchrec"),
+            "fbgemm_gpu": _version("fbgemm_gpu") or _version("fbgemm_gpu_cpu"),
+        },
+        "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+    if env.is_rank0:
+        write_json_atomic(run_dir / "summary.json", summary)
+        print(
+            f"done: val_auc={summary['val_auc']:.4f} val_logloss={summary['val_logloss']:.4f} "
+            f"test_auc={summary['test_auc'] if summary['test_auc'] is None else round(summary['test_auc'], 4)} "
+            f"samples_per_second={summary['samples_per_second']:.0f} "
+            f"train_seconds={summary['train_seconds']:.1f} summary={run_dir / 'summary.json'}",
+            flush=True,
+        )
+    return summary
+
+
+def _version(dist_name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist_name)
+    except PackageNotFoundError:
+        return None

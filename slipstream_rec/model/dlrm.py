@@ -1,0 +1,105 @@
+"""Builds the DLRM training module: embedding tables on the meta device, dense arch on CPU."""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import torch
+from torch import nn
+from torchrec.models.dlrm import DLRM, DLRM_DCN
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from slipstream_rec.data.types import Batch
+from slipstream_rec.model.config import Arch, ModelConfig
+
+
+def table_name(feature: str) -> str:
+    """One table per feature; the table name is what sharding plans and constraints refer to."""
+    return f"t_{feature}"
+
+
+def embedding_bag_configs(
+    cfg: ModelConfig, feature_names: Sequence[str], num_embeddings: Sequence[int]
+) -> list[EmbeddingBagConfig]:
+    if len(feature_names) != len(num_embeddings):
+        raise ValueError(
+            f"{len(feature_names)} sparse features but {len(num_embeddings)} table sizes; "
+            "the dataset's meta.json must list one num_embeddings per sparse feature"
+        )
+    return [
+        EmbeddingBagConfig(
+            name=table_name(feature),
+            embedding_dim=cfg.embedding_dim,
+            num_embeddings=int(rows),
+            feature_names=[feature],
+            pooling=PoolingType.SUM,
+        )
+        for feature, rows in zip(feature_names, num_embeddings)
+    ]
+
+
+def _check(cfg: ModelConfig) -> None:
+    if not cfg.dense_arch_layer_sizes or cfg.dense_arch_layer_sizes[-1] != cfg.embedding_dim:
+        raise ValueError(
+            f"model.dense_arch_layer_sizes={list(cfg.dense_arch_layer_sizes)} must end with "
+            f"model.embedding_dim={cfg.embedding_dim}: DLRM interacts the bottom MLP output with "
+            "the embeddings, so set the last layer to the embedding dim"
+        )
+    if not cfg.over_arch_layer_sizes or cfg.over_arch_layer_sizes[-1] != 1:
+        raise ValueError(
+            f"model.over_arch_layer_sizes={list(cfg.over_arch_layer_sizes)} must end with 1 "
+            "(one click logit per sample)"
+        )
+
+
+class DLRMTask(nn.Module):
+    """DLRM plus its loss: ``forward(batch) -> (loss, (loss, logits, labels, weights))``.
+
+    The loss is the weighted mean of per-sample BCE over the local batch. With all weights 1 this
+    is TorchRec's ``DLRMTrain``; Slipstream sets weights of 1/p on sampled-back skippable inputs.
+    The (loss, output) return shape is what TorchRec's train pipelines expect.
+    """
+
+    def __init__(self, dlrm: nn.Module) -> None:
+        super().__init__()
+        self.model = dlrm
+
+    def forward(
+        self, batch: Batch
+    ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        per_sample = nn.functional.binary_cross_entropy_with_logits(
+            logits, batch.labels, reduction="none"
+        )
+        loss = (per_sample * batch.weights).sum() / batch.weights.sum()
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach(), batch.weights.detach())
+
+
+def build_model(
+    cfg: ModelConfig,
+    num_dense: int,
+    feature_names: Sequence[str],
+    num_embeddings: Sequence[int],
+    dense_device: torch.device,
+    embedding_device: torch.device = torch.device("meta"),
+) -> DLRMTask:
+    """The unsharded model. Tables live on ``meta`` so that DMP materialises only local shards."""
+    _check(cfg)
+    ebc = EmbeddingBagCollection(
+        tables=embedding_bag_configs(cfg, feature_names, num_embeddings), device=embedding_device
+    )
+    common = dict(
+        embedding_bag_collection=ebc,
+        dense_in_features=num_dense,
+        dense_arch_layer_sizes=list(cfg.dense_arch_layer_sizes),
+        over_arch_layer_sizes=list(cfg.over_arch_layer_sizes),
+        dense_device=dense_device,
+    )
+    if cfg.arch is Arch.dlrm_dcn:
+        dlrm = DLRM_DCN(
+            **common, dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim
+        )
+    else:
+        dlrm = DLRM(**common)
+    return DLRMTask(dlrm)

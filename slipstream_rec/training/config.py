@@ -1,0 +1,62 @@
+"""Trainer configuration: batch, length of training, evaluation, logging, device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Optional
+
+
+class PipelineKind(Enum):
+    """How steps are scheduled."""
+
+    sparse_dist = "sparse_dist"  # TorchRec TrainPipelineSparseDist: input all-to-all overlapped
+    base = "base"  # TorchRec TrainPipelineBase: no overlap (for debugging and comparison)
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop around the sharded model."""
+
+    # Samples per rank per step; the global batch is batch_size * world size.
+    batch_size: int = 2048
+    # Passes over the training split.
+    epochs: int = 1
+    # Stop after this many steps in total (0: run all epochs).
+    max_steps: int = 0
+    # Evaluate on the validation split every this many steps (0: only at the end).
+    eval_every_steps: int = 0
+    # Samples per rank per evaluation step (0: the training batch size).
+    eval_batch_size: int = 0
+    # Evaluate on the test split at the end.
+    test_at_end: bool = True
+    # Log loss and throughput every this many steps.
+    log_every_steps: int = 50
+    # Base seed; rank r seeds its embedding shards with seed + r.
+    seed: int = 0
+    # auto (cuda + nccl when a GPU is visible, else cpu + gloo), cpu or cuda.
+    device: str = "auto"
+    # Run directory shared by all ranks (null: runs/<TORCHELASTIC_RUN_ID or a timestamp>).
+    run_dir: Optional[str] = None
+    # Step scheduler: sparse_dist (TorchRec's TrainPipelineSparseDist) or base.
+    pipeline: PipelineKind = PipelineKind.sparse_dist
+    # Write TensorBoard event files into <run_dir>/tensorboard (rank 0).
+    tensorboard: bool = True
+    # Show a tqdm progress bar (rank 0).
+    progress_bar: bool = True
+    # Seconds a collective may wait before the job fails instead of hanging.
+    collective_timeout_s: float = 600.0
+
+    def validate(self) -> None:
+        checks = [
+            ("batch_size", self.batch_size > 0, "a positive number of samples per rank"),
+            ("epochs", self.epochs > 0, "at least 1"),
+            ("max_steps", self.max_steps >= 0, "0 (no cap) or a positive step count"),
+            ("eval_every_steps", self.eval_every_steps >= 0, "0 (end only) or a step count"),
+            ("eval_batch_size", self.eval_batch_size >= 0, "0 (= batch_size) or positive"),
+            ("log_every_steps", self.log_every_steps > 0, "a positive step count"),
+            ("collective_timeout_s", self.collective_timeout_s > 0, "positive seconds"),
+        ]
+        for key, ok, fix in checks:
+            if not ok:
+                raise ValueError(f"trainer.{key}={getattr(self, key)!r} is invalid: use {fix}")

@@ -1,0 +1,96 @@
+"""Where metrics go: a JSONL file, TensorBoard and a progress bar, all written by rank 0 only."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+
+def _jsonable(value: Any) -> Any:
+    # JSON has no NaN; write null so that every JSON reader can load the file.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricLog:
+    """Rank 0 writes ``metrics.jsonl`` (one record per event) and TensorBoard scalars.
+
+    On other ranks every method is a no-op, so callers need no rank branches.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool,
+        tensorboard: bool,
+        progress_bar: bool,
+        total_steps: int,
+    ) -> None:
+        self._enabled = enabled
+        self._file = None
+        self._tb = None
+        self._bar = None
+        self._start = time.time()
+        if not enabled:
+            return
+        self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        if progress_bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
+
+    def log(self, kind: str, step: int, values: Dict[str, Any]) -> None:
+        """One record: ``{"kind": kind, "step": step, "time": seconds since start, **values}``."""
+        if not self._enabled:
+            return
+        record = {"kind": kind, "step": step, "time": round(time.time() - self._start, 3)}
+        record.update({k: _jsonable(v) for k, v in values.items()})
+        assert self._file is not None
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+        if self._bar is not None and kind == "train":
+            self._bar.set_postfix(
+                {k: f"{v:.4g}" for k, v in values.items() if k in ("loss", "samples_per_second")}
+            )
+
+    def advance(self, steps: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(steps)
+
+    def write(self, message: str) -> None:
+        """Print a line on rank 0 without breaking the progress bar."""
+        if not self._enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def write_json_atomic(path: Path, payload: Dict[str, Any]) -> None:
+    """Write to a temporary name and rename, so a reader never sees a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({k: _jsonable(v) for k, v in payload.items()}, indent=2) + "\n")
+    tmp.replace(path)

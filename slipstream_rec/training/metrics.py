@@ -1,0 +1,67 @@
+"""Exact evaluation metrics over a whole split, gathered across ranks."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+
+def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Exact ROC AUC (Mann-Whitney U) with tied scores given their average rank.
+
+    Returns NaN when only one class is present, where AUC is undefined.
+    """
+    scores = scores.detach().double().flatten().cpu()
+    labels = labels.detach().flatten().cpu() > 0.5
+    positives = int(labels.sum())
+    negatives = labels.numel() - positives
+    if positives == 0 or negatives == 0:
+        return math.nan
+    sorted_scores, order = torch.sort(scores)
+    _, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
+    ends = torch.cumsum(counts, 0).double()  # 1-based rank of each tie group's last member
+    avg_rank = ends - (counts.double() - 1) / 2
+    ranks = torch.repeat_interleave(avg_rank, counts)
+    pos_rank_sum = ranks[labels[order]].sum().item()
+    return (pos_rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def log_loss(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean binary cross-entropy of the logits."""
+    return torch.nn.functional.binary_cross_entropy_with_logits(
+        logits.double().flatten(), labels.double().flatten()
+    ).item()
+
+
+def gather_varlen(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's 1-D tensor (lengths may differ), in rank order, on every rank.
+
+    Collective: all ranks enter (two all_gathers: lengths, then padded values).
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return t
+    world = dist.get_world_size()
+    n = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    lengths = [int(s.item()) for s in sizes]
+    padded = torch.zeros(max(lengths), dtype=t.dtype, device=t.device)
+    padded[: t.numel()] = t
+    parts: List[torch.Tensor] = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:k] for p, k in zip(parts, lengths)])
+
+
+def evaluate_predictions(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
+    """AUC, log loss and CTR over all ranks' predictions. Collective: all ranks enter."""
+    all_logits = gather_varlen(logits.float())
+    all_labels = gather_varlen(labels.float())
+    return {
+        "auc": auc(all_logits, all_labels),
+        "logloss": log_loss(all_logits, all_labels),
+        "ctr": all_labels.mean().item(),
+        "num_samples": int(all_labels.numel()),
+    }

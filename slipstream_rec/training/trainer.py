@@ -1,0 +1,180 @@
+"""The training loop: TorchRec train pipeline steps, periodic exact evaluation, summary."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+
+from slipstream_rec.distributed import DistEnv
+from slipstream_rec.training.config import PipelineKind, TrainerConfig
+from slipstream_rec.training.metric_log import MetricLog
+from slipstream_rec.training.metrics import evaluate_predictions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Counters of one run, global over ranks (every rank holds the same values)."""
+
+    step: int = 0
+    epoch: int = 0
+    samples_seen: int = 0  # samples read from the training stream
+    samples_trained: int = 0  # samples that went through forward/backward/optimizer
+    train_seconds: float = 0.0  # wall time inside training steps (evaluation excluded)
+    eval_seconds: float = 0.0
+    history: List[Dict[str, Any]] = field(default_factory=list)  # evaluation results
+
+
+def planned_steps(cfg: TrainerConfig, batches_per_epoch: int) -> int:
+    """Steps the run will take: all epochs, capped by ``max_steps``."""
+    steps = batches_per_epoch * cfg.epochs
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+
+def make_pipeline(
+    kind: PipelineKind, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> Any:
+    if kind is PipelineKind.base:
+        return TrainPipelineBase(model, optimizer, device)
+    return TrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device) -> Dict[str, float]:
+    """Exact AUC / log loss over every batch of a split on all ranks. Collective: all ranks enter,
+    each with the same number of batches (the loaders guarantee it)."""
+    was_training = model.training
+    model.eval()
+    logits: List[torch.Tensor] = []
+    labels: List[torch.Tensor] = []
+    for batch in batches:
+        batch = batch.to(device, non_blocking=True)
+        _, (_, batch_logits, batch_labels, _) = model(batch)
+        logits.append(batch_logits)
+        labels.append(batch_labels)
+    model.train(was_training)
+    return evaluate_predictions(torch.cat(logits), torch.cat(labels))
+
+
+class Trainer:
+    """Drives a DMP-wrapped ``DLRMTask`` through a TorchRec train pipeline.
+
+    Every rank runs the same number of steps (the loaders yield equal counts), so the collectives
+    inside the pipeline and in evaluation line up without per-step agreement.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        env: DistEnv,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        train_loader: Any,
+        val_loader: Any,
+        test_loader: Optional[Any],
+        log: MetricLog,
+    ) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.test_loader = test_loader
+        self.log = log
+        self.state = TrainState()
+        self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device)
+
+    def total_steps(self) -> int:
+        return planned_steps(self.cfg, len(self.train_loader))
+
+    def _epoch_batches(self, epoch: int, budget: int) -> Iterator[Any]:
+        self.train_loader.set_epoch(epoch)
+        return itertools.islice(iter(self.train_loader), budget)
+
+    def fit(self) -> TrainState:
+        st = self.state
+        total = self.total_steps()
+        global_batch = self.cfg.batch_size * self.env.world_size
+        for epoch in range(self.cfg.epochs):
+            if st.step >= total:
+                break
+            st.epoch = epoch
+            batches = self._epoch_batches(epoch, total - st.step)
+            window_start, window_step = time.perf_counter(), st.step
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    loss, _logits, _labels, _weights = self.pipeline.progress(batches)
+                except StopIteration:
+                    break
+                self.scheduler.step()
+                st.train_seconds += time.perf_counter() - t0
+                st.step += 1
+                st.samples_seen += global_batch
+                st.samples_trained += global_batch
+                self.log.advance()
+                if st.step % self.cfg.log_every_steps == 0:
+                    now = time.perf_counter()
+                    rate = (st.step - window_step) * global_batch / max(now - window_start, 1e-9)
+                    self.log.log(
+                        "train",
+                        st.step,
+                        {
+                            "loss": float(loss),
+                            "samples_per_second": rate,
+                            "samples_trained": st.samples_trained,
+                            "lr": self.scheduler.get_last_lr()[0],
+                        },
+                    )
+                    window_start, window_step = now, st.step
+                if self.cfg.eval_every_steps and st.step % self.cfg.eval_every_steps == 0:
+                    self._evaluate("val", self.val_loader)
+                    window_start = time.perf_counter()
+        return st
+
+    def _evaluate(self, split: str, loader: Any) -> Dict[str, float]:
+        """Pause the pipeline (its in-flight batches are kept), evaluate, resume on next step."""
+        t0 = time.perf_counter()
+        model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
+        result = evaluate(model, loader, self.env.device)
+        self.state.eval_seconds += time.perf_counter() - t0
+        record = {"split": split, "samples_trained": self.state.samples_trained, **result}
+        self.state.history.append({"step": self.state.step, **record})
+        self.log.log("eval", self.state.step, record)
+        self.log.write(
+            f"[step {self.state.step}] {split}: auc={result['auc']:.4f} "
+            f"logloss={result['logloss']:.4f} ({result['num_samples']} samples)"
+        )
+        return result
+
+    def finish(self) -> Dict[str, Any]:
+        """Final validation (and test) evaluation; returns the metrics part of the summary."""
+        val = self._evaluate("val", self.val_loader)
+        test = self._evaluate("test", self.test_loader) if self.test_loader is not None else None
+        st = self.state
+        return {
+            "steps": st.step,
+            "epochs": st.epoch + 1 if st.step else 0,
+            "samples_seen": st.samples_seen,
+            "samples_trained": st.samples_trained,
+            "train_seconds": round(st.train_seconds, 3),
+            "eval_seconds": round(st.eval_seconds, 3),
+            "samples_per_second": st.samples_trained / st.train_seconds if st.train_seconds else 0.0,
+            "val_auc": val["auc"],
+            "val_logloss": val["logloss"],
+            "test_auc": test["auc"] if test else None,
+            "test_logloss": test["logloss"] if test else None,
+            "eval_history": st.history,
+        }
