@@ -23,13 +23,18 @@ optim, trainer, slipstream, experiment), `group.key=value` sets a field. Example
 
 def _quiet_libraries(is_rank0: bool) -> None:
     """TorchRec and FBGEMM log at INFO on every step and rank; keep our lines readable."""
-    logging.basicConfig(
-        level=logging.INFO if is_rank0 else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # FBGEMM logs every library it loads on the root logger: keep the root at WARNING and give
+    # our own package INFO on rank 0 only.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("slipstream_rec").setLevel(logging.INFO if is_rank0 else logging.WARNING)
     for name in ("torchrec", "fbgemm_gpu", "torch.distributed", "torch.fx._symbolic_trace"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # The planner warns on the root logger for every data-parallel table (they have no spec).
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(lambda r: not r.getMessage().startswith("Sharding spec not found"))
     warnings.filterwarnings("ignore", category=FutureWarning)
+    # FBGEMM's dense (data-parallel) lookup op has no registered autograd kernel; it still works.
+    warnings.filterwarnings("ignore", message=".*autograd kernel was not registered.*")
     warnings.filterwarnings("ignore", message=".*is_fx_tracing.*")
 
 

@@ -161,7 +161,11 @@ class Trainer:
 
     def finish(self) -> Dict[str, Any]:
         """Final validation (and test) evaluation; returns the metrics part of the summary."""
-        val = self._evaluate("val", self.val_loader)
+        last = self.state.history[-1] if self.state.history else None
+        if last is not None and last["step"] == self.state.step and last["split"] == "val":
+            val = last  # the periodic evaluation just ran at this very step
+        else:
+            val = self._evaluate("val", self.val_loader)
         test = self._evaluate("test", self.test_loader) if self.test_loader is not None else None
         st = self.state
         return {

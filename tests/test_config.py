@@ -1,0 +1,103 @@
+"""Every config in conf/ composes into typed dataclasses; bad overrides fail loudly and clearly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slipstream_rec.config import ConfigError, JobConfig, group_options, load_config
+from slipstream_rec.model.config import Arch
+from slipstream_rec.sharding.config import ShardingKind
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = ["model", "data", "sharding", "optim", "trainer", "slipstream", "experiment"]
+
+
+def test_default_config_is_typed():
+    job = load_config([])
+    assert isinstance(job, JobConfig)
+    assert job.model.arch is Arch.dlrm
+    assert job.model.dense_arch_layer_sizes == [512, 256, 64, 16]  # the DLRM Criteo reference
+    assert job.model.over_arch_layer_sizes == [512, 256, 1]
+    assert job.sharding.type is ShardingKind.auto
+    assert job.slipstream.policy.value == "off"
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_group_option_composes(group):
+    options = group_options(group)
+    assert options, f"conf/{group}/ is empty"
+    for option in options:
+        job = load_config([f"{group}={option}"])
+        assert isinstance(job, JobConfig), (group, option)
+
+
+@pytest.mark.parametrize("kind", [k.value for k in ShardingKind])
+def test_every_sharding_type_has_a_config(kind):
+    assert load_config([f"sharding={kind}"]).sharding.type is ShardingKind(kind)
+
+
+def test_model_sizes_match_reference():
+    dcn = load_config(["model=dlrm_dcn"]).model
+    assert dcn.arch is Arch.dlrm_dcn and dcn.embedding_dim == 16
+    small = load_config(["model=dlrm_small"]).model
+    assert small.dense_arch_layer_sizes[-1] == small.embedding_dim
+
+
+def test_mistyped_key_names_the_key():
+    with pytest.raises(ConfigError) as e:
+        load_config(["trainer.bach_size=64"])
+    assert "bach_size" in str(e.value)
+    assert "fix:" in str(e.value)
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError) as e:
+        load_config(["trainer.batch_size=many"])
+    assert "batch_size" in str(e.value) and "many" in str(e.value)
+
+
+def test_unknown_sharding_type_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        load_config(["sharding.type=diagonal"])
+    message = str(e.value)
+    assert "diagonal" in message and "row_wise" in message and "table_wise" in message
+
+
+def test_unknown_group_option_fails():
+    with pytest.raises(ConfigError) as e:
+        load_config(["sharding=diagonal"])
+    assert "diagonal" in str(e.value)
+
+
+def test_invalid_value_fails_where_used():
+    with pytest.raises(ValueError, match="trainer.batch_size"):
+        load_config(["trainer.batch_size=0"])
+
+
+def test_cli_rejects_typo_before_starting_processes():
+    result = subprocess.run(
+        [sys.executable, "-m", "slipstream_rec.train", "trainer.bach_size=64"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "bach_size" in result.stderr and "fix:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_prints_composed_config():
+    result = subprocess.run(
+        [sys.executable, "-m", "slipstream_rec.train", "--cfg", "sharding=row_wise"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "type: row_wise" in result.stdout
