@@ -1,0 +1,118 @@
+"""End to end through the real entry point: `slipstream-train` under torchrun, bare, and TorchX."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SUMMARY_KEYS = {
+    "samples_seen",
+    "samples_trained",
+    "train_seconds",
+    "val_auc",
+    "val_logloss",
+    "test_auc",
+    "samples_per_second",
+    "world_size",
+    "sharding",
+    "policy",
+}
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # torchrun/torchx of this venv
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _run(cmd: List[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(cmd)}\nstdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
+    return result
+
+
+def _torchrun(run_dir: Path, data_root: Path, *overrides: str) -> dict:
+    _run(
+        [
+            str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2",
+            "-m", "slipstream_rec.train",
+            "experiment=smoke", f"data.root={data_root}", f"trainer.run_dir={run_dir}",
+            "trainer.progress_bar=false", *overrides,
+        ]
+    )
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+def test_two_process_training_learns_and_writes_a_complete_run(tmp_path, data_root):
+    run_dir = tmp_path / "run"
+    summary = _torchrun(run_dir, data_root)
+    assert SUMMARY_KEYS <= set(summary), SUMMARY_KEYS - set(summary)
+    assert summary["world_size"] == 2
+    assert summary["policy"] == "off"
+    # smoke: 20 steps x 512 per rank x 2 ranks, nothing skipped
+    assert summary["steps"] == 20
+    assert summary["samples_trained"] == summary["samples_seen"] == 20 * 512 * 2
+    assert summary["val_auc"] > 0.62 and summary["test_auc"] > 0.62, summary
+    assert summary["samples_per_second"] > 0 and summary["train_seconds"] > 0
+    # the whole validation split, gathered from both ranks
+    assert summary["eval_history"][-1]["num_samples"] == 8000
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    kinds = {r["kind"] for r in records}
+    assert {"train", "eval"} <= kinds
+    evals = [r for r in records if r["kind"] == "eval" and r["split"] == "val"]
+    assert [r["step"] for r in evals] == [10, 20]
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert "batch_size: 512" in (run_dir / "config.yaml").read_text()  # the resolved config
+
+
+def test_periodic_evaluation_does_not_change_training(tmp_path, data_root):
+    # Pausing TorchRec's pipeline for evaluation must not disturb the batches in flight: the same
+    # run with and without evaluations every 7 steps ends with bit-identical predictions.
+    common = ("sharding=row_wise",)
+    a = _torchrun(tmp_path / "a", data_root, *common, "trainer.eval_every_steps=0")
+    b = _torchrun(tmp_path / "b", data_root, *common, "trainer.eval_every_steps=7")
+    assert len(b["eval_history"]) > len(a["eval_history"])
+    assert a["val_logloss"] == b["val_logloss"] and a["test_auc"] == b["test_auc"]
+    assert a["sharding_plan"] == b["sharding_plan"] and set(a["sharding_plan"].values()) == {"row_wise"}
+
+
+def test_bare_single_process_run(tmp_path, data_root):
+    run_dir = tmp_path / "run"
+    _run(
+        [
+            sys.executable, "-m", "slipstream_rec.train", "experiment=smoke",
+            f"data.root={data_root}", f"trainer.run_dir={run_dir}", "trainer.progress_bar=false",
+            "trainer.max_steps=10",
+        ]
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["samples_trained"] == 10 * 512
+
+
+def test_torchx_local_cwd_runs_two_ranks_into_one_run_dir(tmp_path, data_root):
+    run_dir = tmp_path / "run"
+    result = _run(
+        [
+            str(BIN / "torchx"), "run", "-s", "local_cwd", "launch/components.py:train", "-j", "1x2",
+            "--", "experiment=smoke", f"data.root={data_root}", f"trainer.run_dir={run_dir}",
+            "trainer.progress_bar=false", "trainer.max_steps=6",
+        ]
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["samples_trained"] == 6 * 512 * 2, result.stdout
+    assert not list(ROOT.glob("outputs")), "Hydra must not create outputs/ in the working directory"
