@@ -25,7 +25,7 @@ class SyntheticConfig:
     """A Criteo-like CTR dataset drawn from a hidden "teacher" model (see data/synthetic.py)."""
 
     # Rows of the training split.
-    num_train: int = 2_000_000
+    num_train: int = 4_000_000
     # Rows of the validation split (teacher_auc in meta.json is measured on it).
     num_val: int = 200_000
     # Rows of the test split.

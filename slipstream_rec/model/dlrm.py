@@ -46,10 +46,11 @@ def _check(cfg: ModelConfig) -> None:
             f"model.embedding_dim={cfg.embedding_dim}: DLRM interacts the bottom MLP output with "
             "the embeddings, so set the last layer to the embedding dim"
         )
-    if not cfg.over_arch_layer_sizes or cfg.over_arch_layer_sizes[-1] != 1:
+    if len(cfg.over_arch_layer_sizes) < 2 or cfg.over_arch_layer_sizes[-1] != 1:
         raise ValueError(
-            f"model.over_arch_layer_sizes={list(cfg.over_arch_layer_sizes)} must end with 1 "
-            "(one click logit per sample)"
+            f"model.over_arch_layer_sizes={list(cfg.over_arch_layer_sizes)} must have at least "
+            "two layers (TorchRec's OverArch) and end with 1 (one click logit per sample), "
+            "e.g. [512, 256, 1]"
         )
 
 

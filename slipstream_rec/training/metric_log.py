@@ -45,7 +45,10 @@ class MetricLog:
         if progress_bar:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
+            # disable=None: shown on a terminal, silent in log files (CI, TorchX log capture).
+            self._bar = tqdm(
+                total=total_steps, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0, disable=None
+            )
 
     def log(self, kind: str, step: int, values: Dict[str, Any]) -> None:
         """One record: ``{"kind": kind, "step": step, "time": seconds since start, **values}``."""

@@ -42,7 +42,7 @@ def gen(tmp_path: Path, name: str, cfg: SyntheticConfig) -> Path:
 
 def test_default_config_is_criteo_like() -> None:
     cfg = SyntheticConfig()
-    assert (cfg.num_train, cfg.num_val, cfg.num_test) == (2_000_000, 200_000, 200_000)
+    assert (cfg.num_train, cfg.num_val, cfg.num_test) == (4_000_000, 200_000, 200_000)
     cards = feature_cardinalities(cfg)
     assert len(cards) == 26
     assert max(cards) == 100_000  # the 10M-row Criteo table, scaled 0.01 and clamped
