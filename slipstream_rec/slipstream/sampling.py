@@ -1,0 +1,197 @@
+"""``SkipDecider``: the per-batch keep/weight decision fed to ``SkippingStream``.
+
+For each classified sample:
+
+* not skippable -> kept, weight 1;
+* skippable and the window's skip budget is not spent -> kept with probability p and weight 1/p
+  (``kept_sampled``), otherwise skipped. p = 0 is pure skipping as in the paper;
+* skippable but the window's budget is spent -> kept with weight 1 (``forced_kept_by_ceiling``).
+
+The ceiling: windows are consecutive runs of ``window_samples`` classified samples (across batch
+boundaries); at most floor(max_skip_fraction * window_samples) samples of a window are skipped.
+Whether a sample is still eligible depends only on the draws of *earlier* samples, so for every
+skippable sample E[weight | past] = p * (1/p) = 1 if eligible, and 1 if forced: the expected
+total weight of the skippable samples equals their number (p > 0).
+
+``enabled=False`` (tracking only) runs exactly the same decision -- same random draws, same
+counters of what WOULD be skipped -- but keeps every row with weight 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+
+from slipstream_rec.data.types import Batch
+from slipstream_rec.slipstream.classify import skippable_by_threshold, validate_alpha
+from slipstream_rec.slipstream.rows import RowIndex, RowState
+
+__all__ = ["SkipDecider", "WindowStats", "ThresholdSource"]
+
+# A fixed threshold, None (no threshold yet: nothing is stale), or a getter called per batch.
+ThresholdSource = Union[float, None, Callable[[], Optional[float]]]
+
+
+@dataclass
+class WindowStats:
+    """Counters of one window of ``window_samples`` classified samples."""
+
+    index: int  # window number, 0 for the first window of this decider
+    samples: int = 0  # samples classified in this window (== window_samples once complete)
+    skippable: int = 0  # samples whose lookups were stale enough (before sampling and ceiling)
+    skipped: int = 0  # samples dropped (with enabled=False: that WOULD have been dropped)
+    kept_sampled: int = 0  # skippable samples kept by the p-draw, weight 1/p
+    forced_kept_by_ceiling: int = 0  # skippable samples kept with weight 1: budget spent
+
+    def as_dict(self) -> Dict[str, int]:
+        return asdict(self)
+
+
+def _check_fraction(name: str, value: float, what: str) -> float:
+    v = float(value)
+    if not (0.0 <= v <= 1.0):  # also rejects NaN
+        raise ValueError(f"slipstream.{name} must be in [0, 1] ({what}), got {value!r}")
+    return v
+
+
+class SkipDecider:
+    """Builds the ``decide(batch) -> (keep, weights)`` callable of ``SkippingStream``."""
+
+    def __init__(
+        self,
+        index: RowIndex,
+        row_state: RowState,
+        threshold: ThresholdSource = None,
+        alpha: float = 1.0,
+        keep_probability: float = 0.0,
+        max_skip_fraction: float = 1.0,
+        window_samples: int = 65536,
+        seed: int = 0,
+        enabled: bool = True,
+    ) -> None:
+        # index: flat key space of all tables (maps KJT lookups to rows of row_state).
+        # row_state: per-row change; a row is stale iff change < threshold.
+        # threshold: fixed float, None (nothing stale), or a zero-arg getter called every batch.
+        # alpha: fraction of a sample's lookups that must be stale for it to be skippable (1 = all).
+        # keep_probability: p, chance a skippable sample is kept anyway (weight 1/p); 0 = pure skip.
+        # max_skip_fraction: at most this fraction of each window's samples is skipped.
+        # window_samples: size (classified samples) of a ceiling window.
+        # seed: seeds the p-draws; decisions are deterministic given seed and inputs.
+        # enabled: False = tracking only: keep everything with weight 1, still count would-be skips.
+        if row_state.num_rows != index.num_rows:
+            raise ValueError(
+                f"SkipDecider: row_state has {row_state.num_rows} rows but index has {index.num_rows}"
+            )
+        self.index = index
+        self.row_state = row_state
+        self.threshold: ThresholdSource = threshold
+        self.alpha = validate_alpha(alpha)
+        self.keep_probability = _check_fraction(
+            "keep_probability", keep_probability, "chance a skippable sample is kept with weight 1/p"
+        )
+        self.max_skip_fraction = _check_fraction(
+            "max_skip_fraction", max_skip_fraction, "most samples of a window that may be skipped"
+        )
+        if isinstance(window_samples, bool) or not isinstance(window_samples, int) or window_samples < 1:
+            raise ValueError(f"slipstream.window_samples must be an int >= 1, got {window_samples!r}")
+        self.window_samples = window_samples
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"slipstream.seed must be an int, got {seed!r}")
+        self.seed = seed
+        self.enabled = bool(enabled)
+        # Skip budget per window; the epsilon keeps 0.3 * 10 at 3.
+        self.window_budget = int(math.floor(self.max_skip_fraction * window_samples + 1e-9))
+        self._gen = torch.Generator().manual_seed(seed)
+        self.current_window = WindowStats(index=0)
+        self.completed_windows: List[WindowStats] = []  # drained by pop_completed_windows()
+        self.totals = WindowStats(index=-1)  # over all windows; index is meaningless here
+        self.last_threshold: Optional[float] = None
+
+    def current_threshold(self) -> Optional[float]:
+        t = self.threshold() if callable(self.threshold) else self.threshold
+        return None if t is None else float(t)
+
+    def pop_completed_windows(self) -> List[WindowStats]:
+        """Windows completed since the last call (oldest first)."""
+        out, self.completed_windows = self.completed_windows, []
+        return out
+
+    def classify(self, batch: Batch) -> torch.Tensor:
+        """Bool (B,): samples skippable under the current threshold and alpha (no sampling)."""
+        t = self.current_threshold()
+        self.last_threshold = t
+        return skippable_by_threshold(
+            batch.sparse_features, self.index, self.row_state.change, t, self.alpha
+        )
+
+    def __call__(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        n = batch.batch_size
+        sk = self.classify(batch)
+        p = self.keep_probability
+        u = torch.rand(n, generator=self._gen)  # drawn for every sample: a stable random stream
+        drawn_keep = u < p
+        cand = sk & ~drawn_keep  # would be skipped if the window budget allows
+
+        # Window of each sample relative to the current one, and its first position in the batch.
+        w_size = self.window_samples
+        pos0 = self.current_window.samples
+        win = torch.div(torch.arange(n, dtype=torch.int64) + pos0, w_size, rounding_mode="floor")
+        start = (win * w_size - pos0).clamp_(min=0)
+        cs = torch.zeros(n + 1, dtype=torch.int64)
+        torch.cumsum(cand, 0, dtype=torch.int64, out=cs[1:])
+        before = cs[:-1] - cs[start]  # candidates strictly before the sample, same window
+        budget = torch.full((n,), self.window_budget, dtype=torch.int64)
+        budget[win == 0] -= self.current_window.skipped
+        eligible = before < budget
+
+        skip = cand & eligible
+        kept_sampled = sk & drawn_keep & eligible
+        forced = sk & ~eligible
+        self._count(win, n, sk, skip, kept_sampled, forced)
+
+        if not self.enabled:
+            return torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float32)
+        weights = torch.ones(n, dtype=torch.float32)
+        if p > 0:
+            weights.masked_fill_(kept_sampled, 1.0 / p)
+        return ~skip, weights
+
+    def _count(self, win: torch.Tensor, n: int, *masks: torch.Tensor) -> None:
+        if n == 0:
+            return
+        n_win = int(win[-1]) + 1
+        samples = torch.bincount(win, minlength=n_win).tolist()
+        per = [torch.bincount(win[m], minlength=n_win).tolist() for m in masks]
+        for w in range(n_win):
+            cur = self.current_window
+            cur.samples += samples[w]
+            cur.skippable += per[0][w]
+            cur.skipped += per[1][w]
+            cur.kept_sampled += per[2][w]
+            cur.forced_kept_by_ceiling += per[3][w]
+            if cur.samples == self.window_samples:
+                self.completed_windows.append(cur)
+                self.current_window = WindowStats(index=cur.index + 1)
+        t = self.totals
+        t.samples += n
+        t.skippable += sum(per[0])
+        t.skipped += sum(per[1])
+        t.kept_sampled += sum(per[2])
+        t.forced_kept_by_ceiling += sum(per[3])
+
+    def state(self) -> Dict[str, object]:
+        """Totals, the open window and the settings (for logging)."""
+        return {
+            "enabled": self.enabled,
+            "alpha": self.alpha,
+            "keep_probability": self.keep_probability,
+            "max_skip_fraction": self.max_skip_fraction,
+            "window_samples": self.window_samples,
+            "window_budget": self.window_budget,
+            "last_threshold": self.last_threshold,
+            "totals": {k: v for k, v in self.totals.as_dict().items() if k != "index"},
+            "current_window": self.current_window.as_dict(),
+        }

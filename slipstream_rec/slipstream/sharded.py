@@ -1,0 +1,136 @@
+"""The sharded EmbeddingBagCollection that tracks its own hot rows (Slipstream's per-shard half).
+
+Each rank sees, after the input all-to-all, exactly the lookups that hit the table shards it
+holds. ``SlipstreamShardedEBC`` counts them there (on sampled steps), and later gathers and
+compares snapshots of its own hot rows. Everything here is local to the rank: the collectives
+that agree on the global hot set and stale set live in ``slipstream/tracker.py``.
+
+What a shard sees after the input all-to-all (TorchRec 1.8, measured):
+- table_wise / column_wise: global ids of the local tables' features, all ranks' samples;
+- row_wise / table_row_wise: ids already *local* to this row shard (global id - row offset);
+- data_parallel: the local batch only (no communication), so counts are summed over ranks later.
+In every case the id in the KJT is the row index into the local shard's weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+from torchrec.distributed.embedding_types import KJTList
+from torchrec.distributed.embeddingbag import (
+    EmbeddingBagCollectionContext,
+    ShardedEmbeddingBagCollection,
+)
+from torchrec.distributed.types import LazyAwaitable, ShardingType
+from torchrec.sparse.jagged_tensor import KeyedTensor
+
+
+@dataclass
+class ShardUnit:
+    """One local shard of one table, as one feature of one sharding group's post-a2a KJT."""
+
+    table: str  # table name, e.g. t_cat_3
+    feature: str  # the feature whose ids index this table
+    sharding_type: str  # table_wise, row_wise, ...
+    group: int  # index of the sharding group (lookup) in the sharded module
+    position: int  # index of the feature in that group's post-a2a KJT keys
+    row_offset: int  # first global row of this shard
+    col_offset: int  # first column of this shard
+    rows: int  # rows of this shard
+    cols: int  # columns of this shard
+    replicated: bool  # data_parallel: every rank holds all rows and counts only its own batch
+    weights: torch.Tensor = field(repr=False, default=None)  # (rows, cols) view of the live weights
+    counts: Optional[torch.Tensor] = field(repr=False, default=None)  # (rows,) lookups counted
+    hot_rows: Optional[torch.Tensor] = field(repr=False, default=None)  # local row ids, sorted
+    snapshot: Optional[torch.Tensor] = field(repr=False, default=None)  # (n_hot, cols) copy
+
+    @property
+    def row_bytes(self) -> int:
+        return self.cols * self.weights.element_size()
+
+
+def _unwrap(lookup: Any) -> Any:
+    # data-parallel lookups are wrapped in DistributedDataParallel
+    return getattr(lookup, "module", lookup)
+
+
+def discover_units(ebc: ShardedEmbeddingBagCollection) -> List[ShardUnit]:
+    """The local shards of ``ebc``, each tied to its KJT position and its weight view."""
+    units: List[ShardUnit] = []
+    for group, lookup in enumerate(ebc._lookups):
+        lookup = _unwrap(lookup)
+        sharding_type = ebc._sharding_types[group]
+        position = 0
+        for config, module in zip(lookup.grouped_configs, lookup._emb_modules):
+            weights = module.split_embedding_weights()
+            assert len(weights) == len(config.embedding_tables), "one weight view per table"
+            for table, weight in zip(config.embedding_tables, weights):
+                offsets = (
+                    table.local_metadata.shard_offsets if table.local_metadata is not None else [0, 0]
+                )
+                for feature in table.feature_names:
+                    units.append(
+                        ShardUnit(
+                            table=table.name,
+                            feature=feature,
+                            sharding_type=sharding_type,
+                            group=group,
+                            position=position,
+                            row_offset=int(offsets[0]),
+                            col_offset=int(offsets[1]),
+                            rows=int(table.local_rows),
+                            cols=int(table.local_cols),
+                            replicated=sharding_type == ShardingType.DATA_PARALLEL.value,
+                            weights=weight,
+                        )
+                    )
+                    position += 1
+    return units
+
+
+class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
+    """TorchRec's sharded EBC plus local lookup counting and hot-row snapshots.
+
+    Counting happens in ``compute_and_output_dist``, the stage TorchRec's train pipelines call
+    after the input all-to-all, so it sees exactly what each shard looks up. It runs only while
+    ``counting`` is set (Slipstream's sampled counting steps) and the module is training, and is
+    otherwise a single attribute check.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counting: bool = False  # set by the tracker on sampled steps
+        self._units: Optional[List[ShardUnit]] = None
+
+    @property
+    def units(self) -> List[ShardUnit]:
+        if self._units is None:  # weights exist only once DMP has materialised the shards
+            self._units = discover_units(self)
+        return self._units
+
+    def compute_and_output_dist(
+        self, ctx: EmbeddingBagCollectionContext, input: KJTList
+    ) -> LazyAwaitable[KeyedTensor]:
+        if self.counting and self.training:
+            self.count_lookups(input)
+        return super().compute_and_output_dist(ctx, input)
+
+    @torch.no_grad()
+    def count_lookups(self, features: KJTList) -> None:
+        """Add this step's lookups to each local shard's counts (index_add_: cheap at any size)."""
+        by_group: Dict[int, List[torch.Tensor]] = {}
+        for unit in self.units:
+            if unit.group not in by_group:
+                kjt = features[unit.group]
+                # split the group's values per feature once (feature-major layout)
+                by_group[unit.group] = list(torch.split(kjt.values(), kjt.length_per_key()))
+            ids = by_group[unit.group][unit.position]
+            if unit.counts is None:
+                unit.counts = torch.zeros(unit.rows, dtype=torch.float32, device=ids.device)
+            unit.counts.index_add_(0, ids.long(), torch.ones_like(ids, dtype=torch.float32))
+
+    def reset_counts(self) -> None:
+        for unit in self.units:
+            unit.counts = None
