@@ -83,6 +83,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
         raise ConfigError(_explain(e, overrides)) from e
     assert isinstance(job, JobConfig)
     job.trainer.validate()
+    job.slipstream.validate()
     return job
 
 

@@ -22,6 +22,7 @@ from slipstream_rec.distributed import DistEnv, all_gather_objects, broadcast_ob
 from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
 from slipstream_rec.optim import build_optimizer, fuse_embedding_optimizer
 from slipstream_rec.sharding.plan import describe_plan, shard_model
+from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.metric_log import MetricLog, write_json_atomic
 from slipstream_rec.training.trainer import Trainer, planned_steps
 
@@ -104,6 +105,15 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         )
 
     train_loader = loader("train", True)
+    slipstream = SlipstreamController(
+        job.slipstream,
+        dmp,
+        feature_names=list(meta.sparse_feature_names),
+        num_embeddings=list(meta.num_embeddings_per_feature),
+        batch_size=tr.batch_size,
+        seed=tr.seed,
+        rank=env.rank,
+    )
     total_steps = planned_steps(tr, len(train_loader))
     log = MetricLog(run_dir, env.is_rank0, tr.tensorboard, tr.progress_bar, total_steps)
     trainer = Trainer(
@@ -116,6 +126,7 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         loader("val", False),
         loader("test", False) if tr.test_at_end else None,
         log,
+        slipstream,
     )
     try:
         plan = describe_plan(dmp)

@@ -69,9 +69,14 @@ def lookups_per_sample(kjt: KeyedJaggedTensor) -> torch.Tensor:
     return lengths.view(num_keys, stride).sum(0, dtype=torch.int64)
 
 
-def _sample_max(kjt: KeyedJaggedTensor, per_lookup: torch.Tensor) -> torch.Tensor:
+_Layout = Tuple[int, int, torch.Tensor, bool]
+
+
+def _sample_max(
+    kjt: KeyedJaggedTensor, per_lookup: torch.Tensor, layout: Optional[_Layout] = None
+) -> torch.Tensor:
     """Per-sample max of a float per-lookup tensor; +inf for a sample without lookups."""
-    num_keys, stride, lengths, all_ones = _layout(kjt)
+    num_keys, stride, lengths, all_ones = layout or _layout(kjt)
     if num_keys == 0 or stride == 0:
         return torch.full((stride,), _INF, dtype=per_lookup.dtype)
     if all_ones:
@@ -82,9 +87,11 @@ def _sample_max(kjt: KeyedJaggedTensor, per_lookup: torch.Tensor) -> torch.Tenso
     return out.masked_fill_(empty, _INF)
 
 
-def _sample_counts(kjt: KeyedJaggedTensor, per_lookup: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _sample_counts(
+    kjt: KeyedJaggedTensor, per_lookup: torch.Tensor, layout: Optional[_Layout] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(count of True per sample, lookups per sample), both int64 (B,), for a bool per-lookup tensor."""
-    num_keys, stride, lengths, all_ones = _layout(kjt)
+    num_keys, stride, lengths, all_ones = layout or _layout(kjt)
     if num_keys == 0 or stride == 0:
         z = torch.zeros(stride, dtype=torch.int64)
         return z, z.clone()
@@ -163,18 +170,19 @@ def skippable_by_threshold(
     ``threshold`` None means no threshold yet: nothing is skippable.
     """
     alpha = validate_alpha(alpha)
-    num_keys, stride, _, _ = _layout(kjt)
+    layout = _layout(kjt)
+    num_keys, stride, lengths, _ = layout
     if threshold is None:
         return torch.zeros(stride, dtype=torch.bool)
     per_lookup = change.index_select(0, index.flat_keys(kjt))
     if alpha == 1.0:
         # all stale <=> max change < T; the empty-sample max is +inf, never < T... unless T is
         # +inf, hence the explicit lookup-count check.
-        ok = _sample_max(kjt, per_lookup) < float(threshold)
-        if float(threshold) == _INF:
-            ok &= lookups_per_sample(kjt) > 0
+        ok = _sample_max(kjt, per_lookup, layout) < float(threshold)
+        if float(threshold) == _INF and num_keys:
+            ok &= lengths.view(num_keys, stride).sum(0) > 0
         return ok
-    hit, total = _sample_counts(kjt, per_lookup < float(threshold))
+    hit, total = _sample_counts(kjt, per_lookup < float(threshold), layout)
     return _skippable_from_counts(hit, total, alpha)
 
 

@@ -1,4 +1,8 @@
-"""Slipstream policy configuration (the stale-embedding skipping method, arXiv 2404.04270)."""
+"""Slipstream policy configuration (the stale-embedding skipping method, arXiv 2404.04270).
+
+The policies in conf/slipstream/ only set these fields; the code reads the fields, never the
+policy name, except to know whether to track and whether to skip.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,100 @@ class Policy(Enum):
     """Which Slipstream behaviour runs. ``off`` is a policy, not a separate code path."""
 
     off = "off"  # nothing tracked, nothing skipped: the baseline
+    track_only = "track_only"  # all tracking and sync, nothing skipped: measures the overhead
+    paper = "paper"  # the paper's artifact defaults: stale once = stale forever, one threshold
+    paper_plus = "paper_plus"  # ours: re-activation, refreshed threshold, unbiased sampling, ceiling
+
+    @property
+    def tracks(self) -> bool:
+        return self is not Policy.off
+
+    @property
+    def skips(self) -> bool:
+        return self in (Policy.paper, Policy.paper_plus)
+
+
+class ChangeMetric(Enum):
+    linf = "linf"  # largest absolute change of any element of the row (the paper's)
+    rel_l2 = "rel_l2"  # L2 norm of the row's change / L2 norm of the row
 
 
 @dataclass
 class SlipstreamConfig:
-    """Selects and tunes the Slipstream policy."""
+    """Selects and tunes the Slipstream policy. Steps are training steps (global batches)."""
 
-    # off: plain TorchRec training through the same sharder, pipeline and loop.
+    # off, track_only, paper or paper_plus.
     policy: Policy = Policy.off
+
+    # --- hot-row discovery (on every shard, from what it looks up after the input all-to-all)
+    # Lookups are counted during the first count_steps steps; hot rows are chosen at that step.
+    count_steps: int = 100
+    # Fraction of those steps whose lookups are counted (the artifact samples 5% of inputs).
+    count_fraction: float = 0.05
+    # Global memory budget for the hot rows, summed over all shards, in MiB (the artifact: 256).
+    hot_budget_mb: float = 256.0
+    # A row needs at least this many counted lookups to be hot.
+    min_count: int = 2
+
+    # --- snapshots and staleness
+    # Steps between snapshots of the hot rows; the first is taken when hot rows are chosen.
+    snapshot_interval: int = 50
+    # How a row's change between two snapshots is measured: linf (paper) or rel_l2.
+    change_metric: ChangeMetric = ChangeMetric.linf
+    # Re-decide staleness at every snapshot, so a stale row that moves again is re-activated.
+    # false: a row found stale stays stale for the rest of training (the paper).
+    reactivate: bool = True
+
+    # --- threshold T (a hot row is stale when its change < T)
+    # Target fraction D of the sampled upcoming hot inputs that T should make skippable.
+    target_skip_fraction: float = 0.3
+    # Upper bound on T, so that rows that still move are never called stale just to reach D.
+    max_threshold: float = 0.1
+    # Recompute T at every snapshot; false: T is chosen once, at the first opportunity (paper).
+    refresh_threshold: bool = True
+    # Upcoming samples per rank, taken from the look-ahead buffer, used to choose T.
+    threshold_sample_size: int = 8192
+    # Raw batches per rank held in the look-ahead buffer of the data stream.
+    lookahead_batches: int = 4
+
+    # --- input classifier and safeguards
+    # Skip a sample when at least this fraction of its lookups hit stale rows (1.0: all, DLRM).
+    alpha: float = 1.0
+    # Keep each skippable sample with probability p and weight its loss 1/p (unbiased
+    # gradient); 0 is the paper's pure skipping.
+    keep_probability: float = 0.0
+    # At most this fraction of the samples of each window may be skipped (1.0: no ceiling).
+    max_skip_fraction: float = 1.0
+    # Size, in classified samples per rank, of a ceiling window.
+    window_samples: int = 65536
+    # No skipping before this step, whatever the snapshots say (skipping also always waits for
+    # two snapshots, the first moment a change can be measured).
+    warmup_steps: int = 0
+
+    def validate(self) -> None:
+        checks = [
+            ("count_steps", self.count_steps >= 1, "a positive step count"),
+            ("count_fraction", 0 < self.count_fraction <= 1, "a fraction in (0, 1]"),
+            ("min_count", self.min_count >= 1, "at least 1"),
+            ("snapshot_interval", self.snapshot_interval >= 1, "a positive step count"),
+            ("target_skip_fraction", 0 <= self.target_skip_fraction <= 1, "a fraction in [0, 1]"),
+            ("max_threshold", self.max_threshold >= 0, "0 or more"),
+            ("threshold_sample_size", self.threshold_sample_size >= 1, "a positive sample count"),
+            ("lookahead_batches", self.lookahead_batches >= 1, "at least 1 batch"),
+            ("alpha", 0 < self.alpha <= 1, "a fraction in (0, 1]"),
+            ("keep_probability", 0 <= self.keep_probability < 1, "a probability in [0, 1)"),
+            ("max_skip_fraction", 0 <= self.max_skip_fraction <= 1, "a fraction in [0, 1]"),
+            ("window_samples", self.window_samples >= 1, "a positive sample count"),
+            ("warmup_steps", self.warmup_steps >= 0, "0 or more steps"),
+        ]
+        checks.append(
+            (
+                "count_fraction",
+                self.count_steps * self.count_fraction >= 1,
+                f"a fraction that counts at least one of the {self.count_steps} count_steps "
+                "(or raise slipstream.count_steps)",
+            )
+        )
+        for key, ok, fix in checks:
+            if not ok:
+                raise ValueError(f"slipstream.{key}={getattr(self, key)!r} is invalid: use {fix}")

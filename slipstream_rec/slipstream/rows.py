@@ -72,8 +72,16 @@ class RowIndex:
         if isinstance(feature_idx, int):
             if not 0 <= feature_idx < self.num_features:
                 raise ValueError(f"RowIndex.to_flat: feature_idx {feature_idx} out of range")
+            size = self.num_embeddings[feature_idx]
+            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= size):
+                raise ValueError(
+                    f"RowIndex.to_flat: rows of feature {self.feature_names[feature_idx]!r} "
+                    f"outside [0, {size})"
+                )
             return rows + int(self.offsets[feature_idx])
         feature_idx = torch.as_tensor(feature_idx, dtype=torch.int64)
+        if rows.numel() and bool(((rows < 0) | (rows >= self._sizes[feature_idx])).any()):
+            raise ValueError("RowIndex.to_flat: rows outside their feature's table")
         return rows + self.offsets[feature_idx]
 
     def from_flat(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +107,8 @@ class RowIndex:
         if bool((per_key == stride).all()):
             # Each key holds exactly `stride` values (e.g. one id per sample): a broadcast add
             # over a (F, B) view, no per-lookup feature index needed.
-            keys = values.reshape(num_keys, stride).to(torch.int64) + self.offsets.index_select(0, feat).view(-1, 1)
+            base = self.offsets.index_select(0, feat).view(-1, 1)
+            keys = values.reshape(num_keys, stride).to(torch.int64) + base
             keys = keys.view(-1)
             if validate:
                 self._validate(values.reshape(num_keys, stride), feat.view(-1, 1))

@@ -14,6 +14,7 @@ In every case the id in the KJT is the row index into the local shard's weights.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -102,6 +103,7 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.counting: bool = False  # set by the tracker on sampled steps
+        self.count_seconds: float = 0.0  # time spent counting (Slipstream overhead)
         self._units: Optional[List[ShardUnit]] = None
 
     @property
@@ -120,6 +122,7 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
     @torch.no_grad()
     def count_lookups(self, features: KJTList) -> None:
         """Add this step's lookups to each local shard's counts (index_add_: cheap at any size)."""
+        start = time.perf_counter()
         by_group: Dict[int, List[torch.Tensor]] = {}
         for unit in self.units:
             if unit.group not in by_group:
@@ -130,6 +133,7 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
             if unit.counts is None:
                 unit.counts = torch.zeros(unit.rows, dtype=torch.float32, device=ids.device)
             unit.counts.index_add_(0, ids.long(), torch.ones_like(ids, dtype=torch.float32))
+        self.count_seconds += time.perf_counter() - start
 
     def reset_counts(self) -> None:
         for unit in self.units:

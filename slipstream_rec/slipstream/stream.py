@@ -46,7 +46,11 @@ class SkippingStream:
         # lookahead_batches: raw source batches kept prefetched (unclassified) for peek_upcoming.
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"SkippingStream: batch_size must be a positive int, got {batch_size!r}")
-        if isinstance(lookahead_batches, bool) or not isinstance(lookahead_batches, int) or lookahead_batches < 0:
+        if (
+            isinstance(lookahead_batches, bool)
+            or not isinstance(lookahead_batches, int)
+            or lookahead_batches < 0
+        ):
             raise ValueError(
                 f"slipstream.lookahead_batches must be an int >= 0, got {lookahead_batches!r}"
             )
@@ -137,7 +141,10 @@ class SkippingStream:
         keep = torch.as_tensor(keep)
         weights = torch.as_tensor(weights)
         if keep.dtype != torch.bool or keep.shape != (b,):
-            raise ValueError(f"decide() must return keep as a bool ({b},) tensor, got {keep.dtype} {tuple(keep.shape)}")
+            raise ValueError(
+                f"decide() must return keep as a bool ({b},) tensor, got {keep.dtype} "
+                f"{tuple(keep.shape)}"
+            )
         if weights.shape != (b,):
             raise ValueError(f"decide() must return weights of shape ({b},), got {tuple(weights.shape)}")
         n_keep = int(keep.sum())

@@ -14,6 +14,7 @@ from torch import nn
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
 from slipstream_rec.distributed import DistEnv
+from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.config import PipelineKind, TrainerConfig
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
@@ -83,6 +84,7 @@ class Trainer:
         val_loader: Any,
         test_loader: Optional[Any],
         log: MetricLog,
+        slipstream: SlipstreamController,
     ) -> None:
         self.cfg = cfg
         self.env = env
@@ -93,6 +95,7 @@ class Trainer:
         self.val_loader = val_loader
         self.test_loader = test_loader
         self.log = log
+        self.slipstream = slipstream
         self.state = TrainState()
         self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device)
 
@@ -100,8 +103,10 @@ class Trainer:
         return planned_steps(self.cfg, len(self.train_loader))
 
     def _epoch_batches(self, epoch: int, budget: int) -> Iterator[Any]:
+        """Raw batches -> Slipstream's classify/skip/refill stream (lock-step over ranks) -> at
+        most ``budget`` training steps."""
         self.train_loader.set_epoch(epoch)
-        return itertools.islice(iter(self.train_loader), budget)
+        return itertools.islice(self.slipstream.wrap(iter(self.train_loader)), budget)
 
     def fit(self) -> TrainState:
         st = self.state
@@ -123,9 +128,11 @@ class Trainer:
                     break
                 self.scheduler.step()
                 st.step += 1
-                st.samples_seen += global_batch
                 st.samples_trained += global_batch
                 self.log.advance()
+                record = self.slipstream.after_step(st.step)  # all ranks: may run collectives
+                if record is not None:
+                    self.log.log("slipstream", st.step, record)
                 if st.step % self.cfg.log_every_steps == 0:
                     now = time.perf_counter()
                     rate = (st.step - window_step) * global_batch / max(now - window_start, 1e-9)
@@ -137,6 +144,7 @@ class Trainer:
                             "samples_per_second": rate,
                             "samples_trained": st.samples_trained,
                             "lr": self.scheduler.get_last_lr()[0],
+                            **self.slipstream.state_record(),
                         },
                     )
                     window_start, window_step = now, st.step
@@ -172,6 +180,12 @@ class Trainer:
             val = self._evaluate("val", self.val_loader)
         test = self._evaluate("test", self.test_loader) if self.test_loader is not None else None
         st = self.state
+        counters = self.slipstream.global_counters()  # all ranks
+        st.samples_seen = counters["samples_seen"]
+        overhead = torch.tensor([self.slipstream.overhead_seconds()], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(overhead, op=dist.ReduceOp.MAX)  # all ranks: the slowest rank's cost
+        slip = self.slipstream.state_record(with_tables=True)
         return {
             "steps": st.step,
             "epochs": st.epoch + 1 if st.step else 0,
@@ -184,5 +198,19 @@ class Trainer:
             "val_logloss": val["logloss"],
             "test_auc": test["auc"] if test else None,
             "test_logloss": test["logloss"] if test else None,
+            "samples_skipped": counters["samples_skipped"],
+            "samples_dropped_at_end": counters["samples_dropped"],
+            "skip_fraction": counters["samples_skipped"] / max(1, counters["samples_seen"]),
+            "hot_rows": slip["hot_rows"],
+            "stale_rows": slip["stale_rows"],
+            "threshold": slip["threshold"],
+            "slipstream_overhead_seconds": round(float(overhead.item()), 3),
+            "slipstream": {
+                "hot_selection": self.slipstream.hot_selection,
+                "hot_rows_per_table": slip.get("hot_rows_per_table"),
+                "stale_rows_per_table": slip.get("stale_rows_per_table"),
+                "threshold_info": slip.get("threshold_info"),
+                "seconds": {k: round(v, 3) for k, v in slip.items() if k.endswith("_seconds")},
+            },
             "eval_history": st.history,
         }

@@ -48,7 +48,11 @@ def test_select_rows_matches_direct_construction(max_len: int, empty_every: int,
 @pytest.mark.parametrize("max_len", [1, 3])
 def test_concat_round_trip(max_len: int) -> None:
     gen = torch.Generator().manual_seed(2)
-    parts = [random_batch(gen, KEYS, NUMS, n, first_row=100 * i, max_len=max_len, empty_sample_every=3 if max_len > 1 else 0, weighted=True) for i, n in enumerate([5, 1, 9, 0])]
+    empty = 3 if max_len > 1 else 0
+    parts = [
+        random_batch(gen, KEYS, NUMS, n, first_row=100 * i, max_len=max_len, empty_sample_every=empty, weighted=True)
+        for i, n in enumerate([5, 1, 9, 0])
+    ]
     got = concat_batches(parts)
     rows = [r for p in parts for r in bags(p.sparse_features)]
     want = Batch(

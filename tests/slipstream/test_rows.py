@@ -69,3 +69,18 @@ def test_row_state() -> None:
         st.set_changes(torch.tensor([13]), torch.tensor([1.0]))
     st.reset()
     assert st.num_hot == 0
+
+
+def test_flat_keys_with_keys_in_another_order_or_a_subset() -> None:
+    idx = RowIndex(KEYS, NUMS)
+    kjt = make_kjt(["c", "a"], torch.tensor([[6, 4], [0, 1]]))
+    assert idx.flat_keys(kjt).tolist() == [12, 6, 4, 1]
+    assert idx.feature_indices(["c", "a"]).tolist() == [2, 0]
+
+
+def test_to_flat_rejects_rows_outside_the_table() -> None:
+    idx = RowIndex(KEYS, NUMS)
+    with pytest.raises(ValueError, match="'b'"):
+        idx.to_flat(1, torch.tensor([1]))
+    with pytest.raises(ValueError):
+        idx.to_flat(torch.tensor([0, 1]), torch.tensor([4, 1]))

@@ -1,0 +1,255 @@
+"""Runs a Slipstream policy alongside the training loop.
+
+The trainer hands the controller its raw batch stream (``wrap``) and tells it when a step is
+done (``after_step``). The controller:
+1. switches per-shard lookup counting on for the sampled early steps, then picks hot rows under
+   the global budget (collective);
+2. snapshots the hot rows every ``snapshot_interval`` steps and publishes every row's change to
+   all ranks (collective), re-deciding staleness each time;
+3. chooses the threshold T from a sample of upcoming inputs in the look-ahead buffer
+   (collective), so that the target fraction D of hot inputs would be skipped, capped;
+4. classifies each raw batch when the pipeline pulls it, before its input all-to-all, drops the
+   skippable samples (with the safeguards) and refills batches to a constant size;
+5. keeps all ranks in lock-step: every step all ranks agree whether each has a batch.
+
+With policy ``off`` none of the tracking happens and every sample is kept; the stream, the
+lock-step agreement and the counters are the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from slipstream_rec.data.types import Batch
+from slipstream_rec.slipstream.classify import per_sample_max_change, threshold_for_target
+from slipstream_rec.slipstream.config import SlipstreamConfig
+from slipstream_rec.slipstream.rows import RowIndex, RowState
+from slipstream_rec.slipstream.sampling import SkipDecider
+from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
+from slipstream_rec.slipstream.stream import SkippingStream
+from slipstream_rec.slipstream.tracker import StalenessTracker, hot_budget_bytes
+from slipstream_rec.training.metrics import gather_varlen
+
+logger = logging.getLogger(__name__)
+
+
+def lockstep(batches: Iterator[Batch], on_drop: Any = None) -> Iterator[Batch]:
+    """Yield while EVERY rank still has a batch; stop on all ranks together.
+
+    Collective: all ranks enter one MIN all-reduce per batch. Without it, a rank whose stream
+    ran dry first would leave the others waiting in the next all-to-all until the timeout.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    while True:
+        batch = next(batches, None)
+        if world > 1:
+            flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # all ranks, every step
+            everyone = bool(flag.item())
+        else:
+            everyone = batch is not None
+        if not everyone:
+            if batch is not None and on_drop is not None:
+                on_drop(batch.batch_size)
+            return
+        yield batch
+
+
+class SlipstreamController:
+    """One per run, on every rank. See the module docstring for what it does when."""
+
+    def __init__(
+        self,
+        cfg: SlipstreamConfig,
+        model: nn.Module,
+        feature_names: List[str],
+        num_embeddings: List[int],
+        batch_size: int,
+        seed: int,
+        rank: int,
+    ) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.batch_size = batch_size
+        self.is_rank0 = rank == 0
+        self.index = RowIndex(feature_names, num_embeddings)
+        self.row_state = RowState(self.index.num_rows)
+        self.threshold: Optional[float] = None  # None: nothing is stale
+        self.threshold_info: Dict[str, Any] = {}
+        self._frozen_stale = torch.zeros(self.index.num_rows, dtype=torch.bool)
+        modules = [m for m in model.modules() if isinstance(m, SlipstreamShardedEBC)]
+        if cfg.policy.tracks and not modules:
+            raise ValueError(
+                f"slipstream.policy={cfg.policy.value} needs the project's sharder "
+                "(SlipstreamEmbeddingBagCollectionSharder); the model has no Slipstream shards"
+            )
+        self.tracker = (
+            StalenessTracker(modules, self.index, self.row_state, cfg.change_metric.value)
+            if cfg.policy.tracks
+            else None
+        )
+        self.budget = hot_budget_bytes(cfg.hot_budget_mb)
+        self._count_every = max(1, round(1.0 / cfg.count_fraction))
+        self.decider = SkipDecider(
+            self.index,
+            self.row_state,
+            threshold=self._active_threshold,
+            alpha=cfg.alpha,
+            keep_probability=cfg.keep_probability,
+            max_skip_fraction=cfg.max_skip_fraction,
+            window_samples=cfg.window_samples,
+            seed=seed * 1000 + rank,  # independent draws per rank, reproducible per run
+            enabled=cfg.policy.skips,
+        )
+        self.stream: Optional[SkippingStream] = None
+        self._streams_done: Dict[str, int] = {"seen": 0, "skipped": 0, "dropped": 0}
+        self.step = 0
+        self.hot_selection: Optional[Dict[str, Any]] = None
+        self.seconds = {"count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0}
+        if self.tracker is not None:
+            self.tracker.set_counting(self._counts_step(1))
+
+    # ---- data side --------------------------------------------------------------------------
+    def _active_threshold(self) -> Optional[float]:
+        return self.threshold if self.step >= self.cfg.warmup_steps else None
+
+    def _decide(self, batch: Batch) -> Any:
+        t0 = time.perf_counter()
+        if self.tracker is None:  # off: keep everything, classify nothing
+            out = torch.ones(batch.batch_size, dtype=torch.bool), torch.ones(batch.batch_size)
+        else:
+            out = self.decider(batch)
+        self.seconds["classify"] += time.perf_counter() - t0
+        return out
+
+    def wrap(self, raw_batches: Iterator[Batch]) -> Iterator[Batch]:
+        """The training stream of one epoch: classified, refilled, in lock-step over ranks."""
+        self._close_stream()
+        self.stream = SkippingStream(
+            raw_batches, self.batch_size, decide=self._decide, lookahead_batches=self.cfg.lookahead_batches
+        )
+        return lockstep(self.stream, on_drop=self._dropped)
+
+    def _dropped(self, n: int) -> None:
+        self._streams_done["dropped"] += n
+
+    def _close_stream(self) -> None:
+        if self.stream is not None:
+            s = self.stream
+            self._streams_done["seen"] += s.samples_seen
+            self._streams_done["skipped"] += s.samples_skipped
+            self._streams_done["dropped"] += s.samples_dropped_at_end
+            self.stream = None
+
+    # ---- step side (collectives on shared step numbers) -------------------------------------
+    def _counts_step(self, step: int) -> bool:
+        return step <= self.cfg.count_steps and step % self._count_every == 0
+
+    def after_step(self, step: int) -> Optional[Dict[str, Any]]:
+        """Called by every rank after each step; returns a record to log, or None."""
+        self.step = step
+        if self.tracker is None:
+            return None
+        cfg = self.cfg
+        self.tracker.set_counting(self._counts_step(step + 1))
+        since = step - cfg.count_steps
+        if since < 0 or since % cfg.snapshot_interval:
+            return None
+        t0 = time.perf_counter()
+        if since == 0:
+            sel = self.tracker.select_hot(self.budget, float(cfg.min_count))
+            self.hot_selection = sel.__dict__
+            if self.is_rank0:
+                logger.info(
+                    "slipstream: %d hot rows (%.1f MiB of %.1f MiB budget, min count %.1f) at step %d",
+                    sel.hot_rows, sel.hot_bytes / 2**20, sel.budget_bytes / 2**20, sel.min_count_used, step,
+                )
+        t1 = time.perf_counter()
+        measured = self.tracker.snapshot()
+        t2 = time.perf_counter()
+        if measured:
+            if not cfg.reactivate:
+                # The paper: once stale, stale for the rest of training.
+                frozen_keys = self._frozen_stale.nonzero().flatten()
+                self.row_state.set_changes(frozen_keys, torch.zeros(frozen_keys.numel()))
+            if self.threshold is None or cfg.refresh_threshold:
+                self._choose_threshold()
+            if not cfg.reactivate and self.threshold is not None:
+                self._frozen_stale |= self.row_state.stale_mask(self.threshold)
+        t3 = time.perf_counter()
+        self.seconds["sync"] += (t1 - t0) + (t3 - t2)
+        self.seconds["snapshot"] += t2 - t1
+        return self.state_record(with_tables=True)
+
+    def _choose_threshold(self) -> None:
+        """T from upcoming inputs of every rank (collective: one gather of per-sample values)."""
+        assert self.stream is not None, "after_step before wrap"
+        sample = self.stream.peek_upcoming(self.cfg.threshold_sample_size)
+        if sample is None:
+            values = torch.zeros(0)
+        else:
+            values = per_sample_max_change(sample.sparse_features, self.index, self.row_state.change)
+        values = gather_varlen(values.float())  # all ranks
+        threshold, info = threshold_for_target(
+            values, self.cfg.target_skip_fraction, self.cfg.max_threshold
+        )
+        if info["n_sampled"] == 0 and self.threshold is not None:
+            # The look-ahead is empty only at the end of the data: keep the last threshold.
+            return
+        self.threshold, self.threshold_info = float(threshold), info
+        if info.get("reason") and self.is_rank0:
+            logger.warning("slipstream: threshold %.3g at step %d: %s", threshold, self.step, info["reason"])
+
+    # ---- reporting --------------------------------------------------------------------------
+    def counters(self) -> Dict[str, int]:
+        """This rank's stream counters over all epochs so far."""
+        seen, skipped, dropped = (self._streams_done[k] for k in ("seen", "skipped", "dropped"))
+        if self.stream is not None:
+            seen += self.stream.samples_seen
+            skipped += self.stream.samples_skipped
+            dropped += self.stream.samples_dropped_at_end
+        return {"samples_seen": seen, "samples_skipped": skipped, "samples_dropped": dropped}
+
+    def global_counters(self) -> Dict[str, int]:
+        """Counters summed over ranks. Collective: all ranks enter."""
+        local = self.counters()
+        t = torch.tensor([float(v) for v in local.values()], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(t)
+        return {k: int(v) for k, v in zip(local, t.tolist())}
+
+    def state_record(self, with_tables: bool = False) -> Dict[str, Any]:
+        """Per-interval observability (this rank's classification counters; the rest is global)."""
+        c = self.counters()
+        record: Dict[str, Any] = {
+            "threshold": self.threshold,
+            "skip_fraction": c["samples_skipped"] / c["samples_seen"] if c["samples_seen"] else 0.0,
+            "hot_rows": int(self.tracker.hot_keys.numel()) if self.tracker is not None else 0,
+            "count_seconds": self.count_seconds(),
+            **{f"{k}_seconds": v for k, v in self.seconds.items() if k != "count"},
+        }
+        if self.threshold is not None:
+            stale = self.row_state.stale_mask(self.threshold)
+            record["stale_rows"] = int(stale.sum())
+            if with_tables and self.tracker is not None:
+                record["stale_rows_per_table"] = self.tracker.stale_rows_per_table(stale)
+        else:
+            record["stale_rows"] = 0
+        if with_tables and self.tracker is not None:
+            record["hot_rows_per_table"] = self.tracker.hot_rows_per_table()
+            record["threshold_info"] = self.threshold_info
+        return record
+
+    def count_seconds(self) -> float:
+        if self.tracker is None:
+            return 0.0
+        return sum(m.count_seconds for m in self.tracker.modules)
+
+    def overhead_seconds(self) -> float:
+        return self.count_seconds() + sum(v for k, v in self.seconds.items() if k != "count")

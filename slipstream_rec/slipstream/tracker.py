@@ -1,0 +1,217 @@
+"""Global hot and stale sets, agreed by all ranks from what each shard tracked locally.
+
+Every public method here that is a collective is entered by ALL ranks at the same training step
+(the controller calls them from ``after_step`` on step numbers every rank shares); none sits in a
+rank-dependent branch. After each of them every rank holds the same ``RowState``: the same hot
+rows with the same change values, hence the same stale set for any threshold.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+from slipstream_rec.slipstream.rows import RowIndex, RowState
+from slipstream_rec.slipstream.sharded import ShardUnit, SlipstreamShardedEBC
+from slipstream_rec.training.metrics import gather_varlen
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class HotSelection:
+    """What ``select_hot`` decided (identical on every rank)."""
+
+    min_count_used: float  # rows need at least this many counted lookups to be hot
+    hot_rows: int  # distinct hot rows over all tables
+    hot_bytes: int  # bytes of hot rows summed over all shards (replicas counted per rank)
+    budget_bytes: int  # the configured global budget
+    candidates: int  # rows that met the minimum count before the budget cut
+
+
+class StalenessTracker:
+    """Hot-row selection, snapshots and change measurement over all Slipstream shards.
+
+    ``modules`` are the model's ``SlipstreamShardedEBC`` instances; their local units are
+    ordered identically on every rank for the replicated (data-parallel) ones, whose counts are
+    summed across ranks because each rank counts only its own batch.
+    """
+
+    def __init__(
+        self,
+        modules: List[SlipstreamShardedEBC],
+        index: RowIndex,
+        row_state: RowState,
+        change_metric: str = "linf",
+    ) -> None:
+        if change_metric not in ("linf", "rel_l2"):
+            raise ValueError(
+                f"slipstream.change_metric={change_metric!r}: use linf (the paper's max absolute "
+                "change per element) or rel_l2 (L2 norm of the change / L2 norm of the row)"
+            )
+        self.modules = modules
+        self.index = index
+        self.row_state = row_state
+        self.change_metric = change_metric
+        self.units: List[ShardUnit] = [u for m in modules for u in m.units]
+        names = list(index.feature_names)
+        self._feature_idx: Dict[str, int] = {name: i for i, name in enumerate(names)}
+        unknown = sorted({u.feature for u in self.units} - set(names))
+        assert not unknown, f"sharded features {unknown} missing from the row index"
+        self.snapshots_taken = 0
+        self.hot_keys = torch.zeros(0, dtype=torch.int64)  # global flat keys of the hot rows
+
+    # ---- counting -------------------------------------------------------------------------
+    def set_counting(self, on: bool) -> None:
+        for module in self.modules:
+            module.counting = on
+
+    def _counts(self, unit: ShardUnit) -> torch.Tensor:
+        if unit.counts is None:
+            unit.counts = torch.zeros(unit.rows, dtype=torch.float32, device=unit.weights.device)
+        return unit.counts
+
+    def _global_keys(self, unit: ShardUnit, local_rows: torch.Tensor) -> torch.Tensor:
+        rows = local_rows.to(torch.int64).cpu() + unit.row_offset
+        return self.index.to_flat(self._feature_idx[unit.feature], rows)
+
+    # ---- hot selection (collective) ---------------------------------------------------------
+    @torch.no_grad()
+    def select_hot(self, budget_bytes: int, min_count: float) -> HotSelection:
+        """Pick the most-counted rows that fit ``budget_bytes`` over all shards. Collective."""
+        replicated = sorted((u for u in self.units if u.replicated), key=lambda u: (u.table, u.col_offset))
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # All ranks: data-parallel tables are counted from local batches only. Every rank
+            # holds the same replicated units (possibly none), so the all-reduce lines up.
+            flat = torch.cat([self._counts(u) for u in replicated]) if replicated else torch.zeros(0)
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            for unit, part in zip(replicated, torch.split(flat, [u.rows for u in replicated])):
+                unit.counts = part.clone()
+
+        # Each rank offers its rows above the minimum count, at most as many as the budget could
+        # ever hold, so the gather stays small for tables of any size.
+        counts, sizes = [], []
+        for unit in self.units:
+            c = self._counts(unit)
+            c = c[c >= min_count]
+            cap = max(1, budget_bytes // unit.row_bytes)
+            if c.numel() > cap:
+                c = torch.topk(c, cap, sorted=False).values
+            counts.append(c.float().cpu())
+            sizes.append(torch.full((c.numel(),), float(unit.row_bytes)))
+        all_counts = gather_varlen(torch.cat(counts) if counts else torch.zeros(0))
+        all_bytes = gather_varlen(torch.cat(sizes) if sizes else torch.zeros(0))
+
+        cut = float(min_count)
+        if all_counts.numel():
+            order = torch.argsort(all_counts, descending=True, stable=True)
+            cumulative = torch.cumsum(all_bytes[order].double(), 0)
+            fits = int((cumulative <= budget_bytes).sum())
+            if fits < all_counts.numel():
+                # The first row that does not fit sets the bar: only rows counted strictly more
+                # often are hot, so ties at the boundary never break the budget.
+                cut = max(cut, float(all_counts[order[fits]]) + 1e-3)
+        hot_bytes = 0
+        for unit in self.units:
+            unit.hot_rows = torch.nonzero(self._counts(unit) >= cut).flatten()
+            unit.snapshot = None
+            hot_bytes += int(unit.hot_rows.numel()) * unit.row_bytes
+            unit.counts = None  # counting is over; free the memory
+        total_bytes = torch.tensor([hot_bytes], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(total_bytes)  # all ranks
+        keys = gather_varlen(
+            torch.cat([self._global_keys(u, u.hot_rows) for u in self.units])
+            if self.units
+            else torch.zeros(0, dtype=torch.int64)
+        )
+        self.row_state.reset()
+        self.hot_keys = torch.unique(keys)
+        return HotSelection(
+            min_count_used=cut,
+            hot_rows=int(torch.unique(keys).numel()),
+            hot_bytes=int(total_bytes.item()),
+            budget_bytes=int(budget_bytes),
+            candidates=int(all_counts.numel()),
+        )
+
+    # ---- snapshots (collective) -------------------------------------------------------------
+    @torch.no_grad()
+    def snapshot(self) -> bool:
+        """Copy each shard's hot rows and, from the second snapshot on, measure how much each
+        hot row changed since the previous one; publish the changes into ``row_state`` on every
+        rank. Returns whether changes were measured. Collective.
+
+        Memory: one stored copy per hot row, plus the new copy while comparing (2x at most).
+        """
+        keys, part_a, part_b = [], [], []
+        measured = False
+        for unit in self.units:
+            if unit.hot_rows is None or unit.hot_rows.numel() == 0:
+                continue
+            current = unit.weights.index_select(0, unit.hot_rows).float()
+            if unit.snapshot is not None:
+                diff = current - unit.snapshot
+                if self.change_metric == "linf":
+                    a = diff.abs().amax(dim=1)
+                    b = torch.zeros_like(a)
+                else:  # rel_l2: sums of squares, added over column shards before the ratio
+                    a = diff.pow(2).sum(dim=1)
+                    b = unit.snapshot.pow(2).sum(dim=1)
+                keys.append(self._global_keys(unit, unit.hot_rows))
+                part_a.append(a.cpu())
+                part_b.append(b.cpu())
+                measured = True
+            unit.snapshot = current  # index_select made a copy
+        self.snapshots_taken += 1
+
+        # All ranks: even a rank without hot rows joins the gathers (empty tensors).
+        any_measured = torch.tensor([1.0 if measured else 0.0])
+        if dist.is_initialized():
+            dist.all_reduce(any_measured, op=dist.ReduceOp.MAX)
+        if any_measured.item() == 0:
+            return False
+        all_keys = gather_varlen(torch.cat(keys) if keys else torch.zeros(0, dtype=torch.int64))
+        all_a = gather_varlen(torch.cat(part_a) if part_a else torch.zeros(0))
+        all_b = gather_varlen(torch.cat(part_b) if part_b else torch.zeros(0))
+        unique, inverse = torch.unique(all_keys, return_inverse=True)
+        if self.change_metric == "linf":
+            # A row's change is its largest element change over all its column shards (replicas
+            # of data-parallel rows report the same value).
+            change = torch.zeros(unique.numel()).scatter_reduce_(0, inverse, all_a, "amax", include_self=False)
+        else:
+            a = torch.zeros(unique.numel(), dtype=torch.float64).index_add_(0, inverse, all_a.double())
+            b = torch.zeros(unique.numel(), dtype=torch.float64).index_add_(0, inverse, all_b.double())
+            change = (a.sqrt() / b.sqrt().clamp_min(1e-12)).float()
+        self.row_state.reset()
+        self.row_state.set_changes(unique, change.clamp_min(0.0))
+        return True
+
+    def hot_rows_per_table(self) -> Dict[str, int]:
+        """Distinct hot rows per table (same on every rank)."""
+        hot = torch.zeros(self.index.num_rows, dtype=torch.bool)
+        hot[self.hot_keys] = True
+        return self._per_feature_table(hot)
+
+    def stale_rows_per_table(self, stale: torch.Tensor) -> Dict[str, int]:
+        return self._per_feature_table(stale)
+
+    def _per_feature_table(self, mask: torch.Tensor) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        offsets = self.index.offsets.tolist() + [self.index.num_rows]
+        for i, name in enumerate(self.index.feature_names):
+            n = int(mask[offsets[i] : offsets[i + 1]].sum())
+            if n:
+                out[name] = n
+        return out
+
+
+def hot_budget_bytes(megabytes: float) -> int:
+    if not (megabytes > 0 and math.isfinite(megabytes)):
+        raise ValueError(f"slipstream.hot_budget_mb={megabytes} must be a positive number of MiB")
+    return int(megabytes * 1024 * 1024)
