@@ -80,6 +80,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def collective_device() -> torch.device:
+    """Where tensors must live for a collective: the current GPU under nccl, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_(t: torch.Tensor, op: Any = None) -> torch.Tensor:
+    """In-place all-reduce of ``t`` wherever it lives (moved to the backend's device and back).
+    Collective: all ranks enter. A no-op without a process group."""
+    if not dist.is_initialized():
+        return t
+    dev = collective_device()
+    work = t.to(dev)
+    dist.all_reduce(work, op=op if op is not None else dist.ReduceOp.SUM)
+    if work is not t:
+        t.copy_(work)
+    return t
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s value on every rank. Collective: all ranks enter."""
     box: List[Any] = [obj]

@@ -101,3 +101,28 @@ def test_cli_prints_composed_config():
     )
     assert result.returncode == 0, result.stderr
     assert "type: row_wise" in result.stdout
+
+
+def test_slipstream_policies_set_their_safeguards():
+    from slipstream_rec.slipstream.config import Policy
+
+    paper = load_config(["slipstream=paper"]).slipstream
+    plus = load_config(["slipstream=paper_plus"]).slipstream
+    track = load_config(["slipstream=track_only"]).slipstream
+    assert paper.policy is Policy.paper and not paper.reactivate and paper.keep_probability == 0
+    assert plus.reactivate and plus.refresh_threshold and plus.keep_probability > 0 and plus.max_skip_fraction < 1
+    assert track.policy is Policy.track_only and not track.policy.skips and track.policy.tracks
+    assert {k: v for k, v in vars(track).items() if k != "policy"} == {
+        k: v for k, v in vars(plus).items() if k != "policy"
+    }
+
+
+def test_slipstream_counting_must_count_at_least_one_step():
+    with pytest.raises(ValueError, match="slipstream.count_fraction"):
+        load_config(["slipstream=paper_plus", "slipstream.count_steps=10", "slipstream.count_fraction=0.05"])
+
+
+def test_unknown_policy_lists_the_policies():
+    with pytest.raises(ConfigError) as e:
+        load_config(["slipstream.policy=fast"])
+    assert "paper_plus" in str(e.value) and "track_only" in str(e.value)

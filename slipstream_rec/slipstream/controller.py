@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from slipstream_rec.data.types import Batch
+from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.slipstream.classify import per_sample_max_change, threshold_for_target
 from slipstream_rec.slipstream.config import SlipstreamConfig
 from slipstream_rec.slipstream.rows import RowIndex, RowState
@@ -50,7 +51,7 @@ def lockstep(batches: Iterator[Batch], on_drop: Any = None) -> Iterator[Batch]:
         batch = next(batches, None)
         if world > 1:
             flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # all ranks, every step
+            all_reduce_(flag, dist.ReduceOp.MIN)  # all ranks, every step
             everyone = bool(flag.item())
         else:
             everyone = batch is not None
@@ -219,9 +220,7 @@ class SlipstreamController:
     def global_counters(self) -> Dict[str, int]:
         """Counters summed over ranks. Collective: all ranks enter."""
         local = self.counters()
-        t = torch.tensor([float(v) for v in local.values()], dtype=torch.float64)
-        if dist.is_initialized():
-            dist.all_reduce(t)
+        t = all_reduce_(torch.tensor([float(v) for v in local.values()], dtype=torch.float64))
         return {k: int(v) for k, v in zip(local, t.tolist())}
 
     def state_record(self, with_tables: bool = False) -> Dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
+from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.slipstream.sharded import ShardUnit, SlipstreamShardedEBC
 from slipstream_rec.training.metrics import gather_varlen
@@ -89,7 +90,7 @@ class StalenessTracker:
             # All ranks: data-parallel tables are counted from local batches only. Every rank
             # holds the same replicated units (possibly none), so the all-reduce lines up.
             flat = torch.cat([self._counts(u) for u in replicated]) if replicated else torch.zeros(0)
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            all_reduce_(flat)
             for unit, part in zip(replicated, torch.split(flat, [u.rows for u in replicated])):
                 unit.counts = part.clone()
 
@@ -122,9 +123,7 @@ class StalenessTracker:
             unit.snapshot = None
             hot_bytes += int(unit.hot_rows.numel()) * unit.row_bytes
             unit.counts = None  # counting is over; free the memory
-        total_bytes = torch.tensor([hot_bytes], dtype=torch.float64)
-        if dist.is_initialized():
-            dist.all_reduce(total_bytes)  # all ranks
+        total_bytes = all_reduce_(torch.tensor([hot_bytes], dtype=torch.float64))  # all ranks
         keys = gather_varlen(
             torch.cat([self._global_keys(u, u.hot_rows) for u in self.units])
             if self.units
@@ -171,9 +170,7 @@ class StalenessTracker:
         self.snapshots_taken += 1
 
         # All ranks: even a rank without hot rows joins the gathers (empty tensors).
-        any_measured = torch.tensor([1.0 if measured else 0.0])
-        if dist.is_initialized():
-            dist.all_reduce(any_measured, op=dist.ReduceOp.MAX)
+        any_measured = all_reduce_(torch.tensor([1.0 if measured else 0.0]), dist.ReduceOp.MAX)
         if any_measured.item() == 0:
             return False
         all_keys = gather_varlen(torch.cat(keys) if keys else torch.zeros(0, dtype=torch.int64))

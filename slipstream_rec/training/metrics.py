@@ -8,6 +8,8 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
+from slipstream_rec.distributed import collective_device
+
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Exact ROC AUC (Mann-Whitney U) with tied scores given their average rank.
@@ -43,6 +45,8 @@ def gather_varlen(t: torch.Tensor) -> torch.Tensor:
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return t
+    home = t.device
+    t = t.to(collective_device())  # nccl gathers CUDA tensors only
     world = dist.get_world_size()
     n = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
     sizes = [torch.zeros_like(n) for _ in range(world)]
@@ -52,7 +56,7 @@ def gather_varlen(t: torch.Tensor) -> torch.Tensor:
     padded[: t.numel()] = t
     parts: List[torch.Tensor] = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded)
-    return torch.cat([p[:k] for p, k in zip(parts, lengths)])
+    return torch.cat([p[:k] for p, k in zip(parts, lengths)]).to(home)
 
 
 def evaluate_predictions(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:

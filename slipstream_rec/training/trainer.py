@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
-from slipstream_rec.distributed import DistEnv
+from slipstream_rec.distributed import DistEnv, all_reduce_
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.config import PipelineKind, TrainerConfig
 from slipstream_rec.training.metric_log import MetricLog
@@ -182,9 +182,9 @@ class Trainer:
         st = self.state
         counters = self.slipstream.global_counters()  # all ranks
         st.samples_seen = counters["samples_seen"]
-        overhead = torch.tensor([self.slipstream.overhead_seconds()], dtype=torch.float64)
-        if dist.is_initialized():
-            dist.all_reduce(overhead, op=dist.ReduceOp.MAX)  # all ranks: the slowest rank's cost
+        overhead = all_reduce_(  # all ranks: the slowest rank's cost
+            torch.tensor([self.slipstream.overhead_seconds()], dtype=torch.float64), dist.ReduceOp.MAX
+        )
         slip = self.slipstream.state_record(with_tables=True)
         return {
             "steps": st.step,

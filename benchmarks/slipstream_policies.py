@@ -1,0 +1,98 @@
+"""Slipstream policies side by side: off, track_only and paper_plus (and more with --policies).
+
+Runs `slipstream-train slipstream=<policy>` under torchrun with 2 processes, alternating the
+policies within each repeat so that machine noise hits all alike, on the same data and seed.
+Prints per policy: train seconds, samples trained, skip fraction, validation/test AUC and log
+loss, speedup vs off, ideal speedup 1/(1 - skip fraction) and efficiency (speedup / ideal).
+Writes raw figures to benchmarks/results/slipstream_<name>.json.
+
+    .venv/bin/python benchmarks/slipstream_policies.py                       # default config
+    .venv/bin/python benchmarks/slipstream_policies.py --name skewed data=synthetic_skewed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FIELDS = ["train_seconds", "samples_trained", "samples_seen", "skip_fraction", "val_auc", "val_logloss",
+          "test_auc", "test_logloss", "slipstream_overhead_seconds", "steps", "threshold", "hot_rows", "stale_rows"]
+
+
+def run_policy(policy: str, nproc: int, overrides: List[str]) -> Dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc), "-m", "slipstream_rec.train",
+            f"slipstream={policy}", "trainer.eval_every_steps=0", "trainer.progress_bar=false",
+            "trainer.tensorboard=false", f"trainer.run_dir={tmp}", *overrides,
+        ]
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
+        summary = json.loads((Path(tmp) / "summary.json").read_text())
+    return {k: summary.get(k) for k in FIELDS}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--policies", default="off,track_only,paper_plus")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--name", default="default", help="name of this setting in the results file")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides applied to every run")
+    args = p.parse_args()
+    policies = args.policies.split(",")
+
+    runs: Dict[str, List[Dict]] = {pol: [] for pol in policies}
+    for r in range(args.repeats):
+        order = policies if r % 2 == 0 else list(reversed(policies))
+        for pol in order:
+            res = run_policy(pol, args.nproc, args.overrides)
+            runs[pol].append(res)
+            print(f"repeat {r} {pol:>11}: {res['train_seconds']:.1f}s trained {res['samples_trained']} "
+                  f"skip {res['skip_fraction']:.3f} val_auc {res['val_auc']:.4f} test_auc {res['test_auc']:.4f}",
+                  flush=True)
+
+    def med(pol: str, key: str) -> float:
+        return statistics.median(x[key] for x in runs[pol])
+
+    base = med("off", "train_seconds") if "off" in runs else None
+    print(f"\nsetting {args.name}: median over {args.repeats} repeats, {args.nproc} ranks, overrides {args.overrides}")
+    header = ("policy", "train s", "samples trained", "skip", "val AUC", "val logloss", "test AUC",
+              "test logloss", "speedup", "ideal", "efficiency")
+    print(" | ".join(header))
+    table = {}
+    for pol in policies:
+        skip = med(pol, "skip_fraction")
+        secs = med(pol, "train_seconds")
+        speedup = base / secs if base else float("nan")
+        ideal = 1.0 / (1.0 - skip) if skip < 1 else float("inf")
+        row = {
+            "train_seconds": secs, "samples_trained": med(pol, "samples_trained"), "skip_fraction": skip,
+            "val_auc": med(pol, "val_auc"), "val_logloss": med(pol, "val_logloss"),
+            "test_auc": med(pol, "test_auc"), "test_logloss": med(pol, "test_logloss"),
+            "speedup_vs_off": speedup, "ideal_speedup": ideal, "efficiency": speedup / ideal,
+        }
+        table[pol] = row
+        print(f"{pol} | {secs:.1f} | {row['samples_trained']:.0f} | {skip:.3f} | {row['val_auc']:.4f} | "
+              f"{row['val_logloss']:.4f} | {row['test_auc']:.4f} | {row['test_logloss']:.4f} | "
+              f"{speedup:.3f} | {ideal:.3f} | {speedup / ideal:.2f}")
+    out = ROOT / "benchmarks" / "results" / f"slipstream_{args.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
+                               "runs": runs, "median": table}, indent=2) + "\n")
+    print(f"raw: {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

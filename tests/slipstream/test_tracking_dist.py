@@ -1,0 +1,193 @@
+"""Per-shard tracking and the global hot/stale sets, on 2 gloo ranks, for every sharding type.
+
+Exact expectations: a shard's counts are the global id histogram of its feature sliced to its
+rows (data-parallel shards count only their own batch until the all-reduce); the hot set is the
+set of rows the histogram says; a known weight change is measured exactly and published
+identically to every rank; a stale row that moves again is re-activated.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist_harness import run_workers
+from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _global_batch, _slice_batch
+
+KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
+
+
+def _histograms(lo: int, hi: int):
+    """Per feature, the id histogram of samples [lo, hi) of the global batch."""
+    batch = _slice_batch(lo, hi)
+    kjt = batch.sparse_features
+    return {f: torch.bincount(kjt[f].values(), minlength=ROWS[i]).float() for i, f in enumerate(FEATURES)}
+
+
+def _sharded(kind: str):
+    from slipstream_rec.model.config import ModelConfig
+    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
+    from slipstream_rec.optim import EmbeddingOptimConfig, EmbeddingOptimizerKind, fuse_embedding_optimizer
+    from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
+    from slipstream_rec.sharding.plan import shard_model
+    from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
+
+    cfg = ModelConfig(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
+    cpu = torch.device("cpu")
+    model = build_model(cfg, 13, FEATURES, ROWS, cpu)
+    fuse_embedding_optimizer(model, EmbeddingOptimConfig(type=EmbeddingOptimizerKind.sgd, lr=0.1))
+    sharding = ShardingConfig(type=ShardingKind[kind], column_shard_dim=4)
+    dmp = shard_model(model, sharding, embedding_bag_configs(cfg, FEATURES, ROWS), cpu, LOCAL_BATCH)
+    modules = [m for m in dmp.modules() if isinstance(m, SlipstreamShardedEBC)]
+    assert len(modules) == 1
+    return dmp, modules
+
+
+def counts_worker(env, kind: str):
+    from slipstream_rec.slipstream.rows import RowIndex, RowState
+    from slipstream_rec.slipstream.tracker import StalenessTracker
+
+    dmp, modules = _sharded(kind)
+    index = RowIndex(FEATURES, ROWS)
+    tracker = StalenessTracker(modules, index, RowState(index.num_rows))
+    lo, hi = env.rank * LOCAL_BATCH, (env.rank + 1) * LOCAL_BATCH
+    tracker.set_counting(True)
+    loss, _ = dmp(_slice_batch(lo, hi))
+    loss.backward()
+    tracker.set_counting(False)
+    dmp(_slice_batch(lo, hi))  # not counted: counting is off
+
+    global_hist = _histograms(0, WORLD * LOCAL_BATCH)
+    local_hist = _histograms(lo, hi)
+    units = modules[0].units
+    assert units, "every rank holds at least one shard here"
+    for unit in units:
+        hist = local_hist if unit.replicated else global_hist
+        expected = hist[unit.feature][unit.row_offset : unit.row_offset + unit.rows]
+        assert unit.counts is not None, unit
+        torch.testing.assert_close(unit.counts, expected, msg=f"{kind} {unit}")
+
+    # Hot set with an ample budget and min count 1 = every row looked up in the global batch.
+    selection = tracker.select_hot(budget_bytes=1 << 30, min_count=1.0)
+    expected_keys = torch.cat(
+        [index.to_flat(i, torch.nonzero(global_hist[f]).flatten()) for i, f in enumerate(FEATURES)]
+    )
+    assert torch.equal(torch.sort(tracker.hot_keys).values, torch.sort(expected_keys).values)
+    assert selection.hot_rows == expected_keys.numel()
+    return tracker.hot_keys.tolist()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shard_counts_equal_the_global_histogram_sliced_to_the_shard(kind):
+    hot = run_workers(counts_worker, WORLD, kind=kind)
+    assert hot[0] == hot[1], "ranks disagree on the hot set"
+
+
+def budget_worker(env):
+    from slipstream_rec.slipstream.rows import RowIndex, RowState
+    from slipstream_rec.slipstream.tracker import StalenessTracker
+
+    dmp, modules = _sharded("row_wise")
+    index = RowIndex(FEATURES, ROWS)
+    tracker = StalenessTracker(modules, index, RowState(index.num_rows))
+    tracker.set_counting(True)
+    dmp(_slice_batch(env.rank * LOCAL_BATCH, (env.rank + 1) * LOCAL_BATCH))
+    hist = _histograms(0, WORLD * LOCAL_BATCH)
+    counts = torch.cat([hist[f] for f in FEATURES])
+    # A budget for 10 rows of 8 floats: the hot rows are those counted more often than the first
+    # row that does not fit, so the budget holds even with ties.
+    selection = tracker.select_hot(budget_bytes=10 * 8 * 4, min_count=1.0)
+    ordered = torch.sort(counts[counts >= 1], descending=True).values
+    bar = ordered[10] if ordered.numel() > 10 else 0.0
+    expected = torch.nonzero(counts > bar).flatten()
+    assert torch.equal(torch.sort(tracker.hot_keys).values, expected)
+    assert selection.hot_bytes <= 10 * 8 * 4
+    return tracker.hot_keys.tolist()
+
+
+def test_hot_rows_respect_the_global_budget():
+    hot = run_workers(budget_worker, WORLD)
+    assert hot[0] == hot[1] and 0 < len(hot[0]) <= 10
+
+
+def staleness_worker(env, kind: str):
+    from slipstream_rec.slipstream.rows import RowIndex, RowState
+    from slipstream_rec.slipstream.tracker import StalenessTracker
+
+    dmp, modules = _sharded(kind)
+    index = RowIndex(FEATURES, ROWS)
+    state = RowState(index.num_rows)
+    tracker = StalenessTracker(modules, index, state)
+    tracker.set_counting(True)
+    dmp(_slice_batch(env.rank * LOCAL_BATCH, (env.rank + 1) * LOCAL_BATCH))
+    tracker.set_counting(False)
+    tracker.select_hot(budget_bytes=1 << 30, min_count=1.0)
+    assert tracker.snapshot() is False  # the first snapshot has nothing to compare with
+
+    def move(delta_of_key):
+        # Change each hot row's first local column by a known amount (every shard of the row,
+        # so that column-wise and replicated shards agree on the row's largest change).
+        with torch.no_grad():
+            for unit in modules[0].units:
+                keys = tracker._global_keys(unit, unit.hot_rows)
+                unit.weights[unit.hot_rows, 0] += delta_of_key(keys)
+
+    def published():
+        return state.change.clone()
+
+    move(lambda k: 0.001 * (k % 7).float())
+    assert tracker.snapshot() is True
+    first = published()
+    hot = tracker.hot_keys
+    torch.testing.assert_close(first[hot], 0.001 * (hot % 7).float(), atol=1e-6, rtol=1e-4)
+    not_hot = torch.ones(index.num_rows, dtype=torch.bool)
+    not_hot[hot] = False
+    assert torch.isinf(first[not_hot]).all()
+    stale_before = state.stale_mask(0.0005)
+    assert stale_before[hot].sum() == (hot % 7 == 0).sum()  # rows that did not move are stale
+
+    # Re-activation: rows that were stale start moving a lot; the next snapshot un-stales them.
+    move(lambda k: torch.where(k % 7 == 0, torch.full_like(k, 5, dtype=torch.float32), torch.zeros(k.shape)))
+    assert tracker.snapshot() is True
+    second = published()
+    stale_after = state.stale_mask(0.0005)
+    reactivated = hot[hot % 7 == 0]
+    assert not stale_after[reactivated].any()
+    assert stale_after[hot[hot % 7 != 0]].all()  # and those that stopped moving became stale
+    return first.tolist(), second.tolist()
+
+
+@pytest.mark.parametrize("kind", ["row_wise", "column_wise", "data_parallel"])
+def test_stale_set_is_exact_and_identical_on_every_rank_and_reactivates(kind):
+    results = run_workers(staleness_worker, WORLD, kind=kind)
+    assert results[0] == results[1], "ranks hold different change values"
+
+
+def lockstep_worker(env):
+    from slipstream_rec.data.types import Batch, make_kjt
+    from slipstream_rec.slipstream.controller import lockstep
+    from slipstream_rec.slipstream.stream import SkippingStream
+
+    def source():
+        for i in range(20):
+            ids = torch.arange(64).view(32, 2) % 5
+            yield Batch(dense_features=torch.zeros(32, 13), sparse_features=make_kjt(["a", "b"], ids), labels=torch.zeros(32))
+
+    # Rank 0 skips 60% of its samples, rank 1 none: rank 0's stream runs dry first.
+    skip = 0.6 if env.rank == 0 else 0.0
+    gen = torch.Generator().manual_seed(env.rank)
+
+    def decide(batch):
+        keep = torch.rand(batch.batch_size, generator=gen) >= skip
+        return keep, torch.ones(batch.batch_size)
+
+    stream = SkippingStream(source(), 16, decide)
+    sizes = [b.batch_size for b in lockstep(stream)]
+    return sizes, stream.samples_seen, stream.samples_skipped
+
+
+def test_ranks_with_different_skip_rates_end_on_the_same_step_with_full_batches():
+    (sizes0, seen0, skipped0), (sizes1, seen1, skipped1) = run_workers(lockstep_worker, WORLD)
+    assert len(sizes0) == len(sizes1) > 0
+    assert set(sizes0) == set(sizes1) == {16}
+    assert skipped1 == 0 and skipped0 > 0.4 * seen0
