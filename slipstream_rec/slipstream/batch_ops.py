@@ -7,7 +7,7 @@ are ``values[start[src(s)] : start[src(s)] + lengths[src(s)]]``, laid out back t
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor

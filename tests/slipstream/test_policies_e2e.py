@@ -9,13 +9,12 @@ while its validation AUC stays close to off's.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.test_train import _run, BIN
 
-AUC_TOLERANCE = 0.005  # measured gaps: 0.0013-0.004 (see the Slipstream section of the README)
+AUC_TOLERANCE = 0.002  # the bound; measured here: 0.0018 (seeds 0 and 1, deterministic on CPU)
 
 
 @pytest.fixture(scope="module")

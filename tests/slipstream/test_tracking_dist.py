@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _global_batch, _slice_batch
+from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
 
 KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
 
