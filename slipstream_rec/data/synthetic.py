@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
+import torch
 
 from slipstream_rec.data.config import (
     CRITEO_KAGGLE_CARDINALITIES,
@@ -49,6 +50,7 @@ from slipstream_rec.data.config import (
     SyntheticConfig,
 )
 from slipstream_rec.data.loader import FORMAT_VERSION, META_FILE, SPLITS, load_meta, split_file
+from slipstream_rec.training.metrics import auc
 
 logger = logging.getLogger("slipstream_rec.data")
 
@@ -232,25 +234,6 @@ def dataset_dir(cfg: Any) -> Path:
 
 
 # -- the teacher -------------------------------------------------------------------------------
-
-
-def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """ROC AUC (Mann-Whitney U with average ranks for ties); nan if one class is absent."""
-    scores = np.asarray(scores, dtype=np.float64).ravel()
-    labels = np.asarray(labels).ravel().astype(bool)
-    n_pos = int(labels.sum())
-    n_neg = labels.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    s = scores[order]
-    # Average 1-based rank of each run of equal scores.
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-    ends = np.r_[starts[1:], s.size]
-    avg = (starts + ends + 1) / 2.0
-    ranks = np.repeat(avg, ends - starts)
-    rank_pos = ranks[labels[order]].sum()
-    return float((rank_pos - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -448,7 +431,7 @@ def generate_dataset(cfg: Any, out_dir: Union[str, Path]) -> Dict[str, Any]:
         del arrays
         ctr[split] = positives / n
         if split == "val":
-            teacher_auc = roc_auc(np.concatenate(auc_p), np.concatenate(auc_y))
+            teacher_auc = auc(torch.from_numpy(np.concatenate(auc_p)), torch.from_numpy(np.concatenate(auc_y)))
         logger.info(
             "synthetic data: %s split, %d rows, ctr %.4f, %.1fs",
             split, n, ctr[split], time.perf_counter() - t_split,

@@ -69,8 +69,9 @@ def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device) -> 
 class Trainer:
     """Drives a DMP-wrapped ``DLRMTask`` through a TorchRec train pipeline.
 
-    Every rank runs the same number of steps (the loaders yield equal counts), so the collectives
-    inside the pipeline and in evaluation line up without per-step agreement.
+    The batches come through the Slipstream controller's stream, which agrees every step that
+    all ranks still have a batch (Slipstream skips different numbers of samples on each rank),
+    so every rank runs the same steps and the pipeline's and evaluation's collectives line up.
     """
 
     def __init__(
@@ -100,6 +101,7 @@ class Trainer:
         self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device)
 
     def total_steps(self) -> int:
+        """Steps planned; an upper bound when Slipstream skips samples."""
         return planned_steps(self.cfg, len(self.train_loader))
 
     def _epoch_batches(self, epoch: int, budget: int) -> Iterator[Any]:
