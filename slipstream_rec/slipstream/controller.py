@@ -62,6 +62,15 @@ def lockstep(batches: Iterator[Batch], on_drop: Any = None) -> Iterator[Batch]:
         yield batch
 
 
+def change_histogram(change: torch.Tensor, lo: float = 1e-6, hi: float = 10.0, bins: int = 28) -> Dict[str, Any]:
+    """Histogram of the hot rows' changes on log-spaced bins (values below ``lo`` land in the
+    first bin, above ``hi`` in the last): how the threshold sits in the distribution."""
+    values = change[torch.isfinite(change)].clamp(lo, hi)
+    edges = torch.logspace(torch.log10(torch.tensor(lo)), torch.log10(torch.tensor(hi)), bins + 1)
+    counts = torch.histogram(values.float(), bins=edges.float()).hist if values.numel() else torch.zeros(bins)
+    return {"edges": [round(float(e), 8) for e in edges], "counts": [int(c) for c in counts]}
+
+
 class SlipstreamController:
     """One per run, on every rank. See the module docstring for what it does when."""
 
@@ -215,7 +224,14 @@ class SlipstreamController:
             seen += self.stream.samples_seen
             skipped += self.stream.samples_skipped
             dropped += self.stream.samples_dropped_at_end
-        return {"samples_seen": seen, "samples_skipped": skipped, "samples_dropped": dropped}
+        return {
+            "samples_seen": seen,
+            "samples_skipped": skipped,
+            "samples_dropped": dropped,
+            # what the classifier and safeguards decided, whether or not the policy skips
+            # (track_only: what paper_plus would have skipped on the same stream)
+            "samples_would_skip": int(self.decider.totals.skipped) if self.tracker is not None else 0,
+        }
 
     def global_counters(self) -> Dict[str, int]:
         """Counters summed over ranks. Collective: all ranks enter."""
@@ -243,6 +259,7 @@ class SlipstreamController:
         if with_tables and self.tracker is not None:
             record["hot_rows_per_table"] = self.tracker.hot_rows_per_table()
             record["threshold_info"] = self.threshold_info
+            record["change_histogram"] = change_histogram(self.row_state.change)
         return record
 
     def count_seconds(self) -> float:

@@ -203,6 +203,7 @@ class Trainer:
             "samples_skipped": counters["samples_skipped"],
             "samples_dropped_at_end": counters["samples_dropped"],
             "skip_fraction": counters["samples_skipped"] / max(1, counters["samples_seen"]),
+            "would_skip_fraction": counters["samples_would_skip"] / max(1, counters["samples_seen"]),
             "hot_rows": slip["hot_rows"],
             "stale_rows": slip["stale_rows"],
             "threshold": slip["threshold"],
