@@ -13,6 +13,11 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
+# Under nccl: a gloo group over the same ranks for collectives on CPU tensors (the per-step
+# lock-step flag, counters, Python objects). Routing those through nccl would copy them to the
+# GPU and back, and the copy back is a device sync that stalls the pipeline every step.
+_CPU_GROUP: Any = None
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -46,12 +51,18 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def backend_for(device: torch.device) -> str:
+    """The process-group backend for ``device``: nccl on CUDA, gloo on CPU."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     """Join the job torchrun/TorchX started, or form a 1-process group when run bare.
 
     A 1-process gloo group keeps one code path: DMP, the planner and the collectives all work the
     same with world size 1.
     """
+    global _CPU_GROUP
     if "RANK" not in os.environ:
         # Bare `slipstream-train`: a single-process job on a free local port.
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -62,13 +73,16 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     dev = resolve_device(device, local_rank)
-    backend = "nccl" if dev.type == "cuda" else "gloo"
+    backend = backend_for(dev)
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=dev if dev.type == "cuda" else None,
         )
+        if backend == "nccl":
+            # Collective: every rank creates it, right after the default group.
+            _CPU_GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
     return DistEnv(rank, local_rank, world_size, local_world_size, dev, backend)
 
 
@@ -87,14 +101,25 @@ def collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+def cpu_group() -> Any:
+    """The group for collectives on CPU tensors: the gloo side group under nccl, else None (the
+    default group, which is gloo itself)."""
+    return _CPU_GROUP
+
+
 def all_reduce_(t: torch.Tensor, op: Any = None) -> torch.Tensor:
-    """In-place all-reduce of ``t`` wherever it lives (moved to the backend's device and back).
-    Collective: all ranks enter. A no-op without a process group."""
+    """In-place all-reduce of ``t`` wherever it lives. A CPU tensor under nccl goes through the
+    gloo side group (no device copy, no device sync); otherwise it is moved to the backend's
+    device and back. Collective: all ranks enter. A no-op without a process group."""
     if not dist.is_initialized():
+        return t
+    op = op if op is not None else dist.ReduceOp.SUM
+    if t.device.type == "cpu" and _CPU_GROUP is not None:
+        dist.all_reduce(t, op=op, group=_CPU_GROUP)
         return t
     dev = collective_device()
     work = t.to(dev)
-    dist.all_reduce(work, op=op if op is not None else dist.ReduceOp.SUM)
+    dist.all_reduce(work, op=op)
     if work is not t:
         t.copy_(work)
     return t
@@ -103,17 +128,19 @@ def all_reduce_(t: torch.Tensor, op: Any = None) -> torch.Tensor:
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s value on every rank. Collective: all ranks enter."""
     box: List[Any] = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=_CPU_GROUP)
     return box[0]
 
 
 def all_gather_objects(obj: Any) -> List[Any]:
     """Every rank's value, in rank order. Collective: all ranks enter."""
     out: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_CPU_GROUP)
     return out
 
 
 def close_distributed() -> None:
+    global _CPU_GROUP
     if dist.is_initialized():
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # every group, the gloo side group included
+    _CPU_GROUP = None

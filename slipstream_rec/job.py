@@ -102,6 +102,8 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
             shuffle=job.data.shuffle and train,
             seed=tr.seed,
             mmap=job.data.mmap,
+            # page-locked batches make the pipeline's non_blocking H2D copies asynchronous
+            pin_memory=env.device.type == "cuda",
         )
 
     train_loader = loader("train", True)

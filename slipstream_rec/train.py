@@ -1,5 +1,8 @@
 """``slipstream-train [--cfg] [OVERRIDE ...]``: compose the config, build, train, close.
 
+``slipstream-train --self-check`` checks the installed torch / fbgemm / torchrec against the pins
+and that fbgemm's operators load (``slipstream_rec.self_check``).
+
 Works bare (one process), under ``torchrun --nproc_per_node N`` and under TorchX
 (``torchx run -s local_cwd launch/components.py:train -- OVERRIDE ...``).
 """
@@ -18,6 +21,7 @@ overrides are Hydra's: `group=option` picks a file from conf/<group>/ (model, da
 optim, trainer, slipstream, experiment), `group.key=value` sets a field. Examples:
   slipstream-train sharding=row_wise trainer.max_steps=200
   torchrun --nproc_per_node 2 -m slipstream_rec.train experiment=smoke
+  slipstream-train --self-check      # is the torch/fbgemm/torchrec stack the pinned one, and does it load?
 """
 
 
@@ -46,14 +50,27 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    parser.add_argument(
+        "--self-check",
+        action="store_true",
+        help="check the installed torch/fbgemm/torchrec against the pins in pyproject.toml, load "
+        "fbgemm's operators, show the devices and backend, and exit (1 on a problem)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. sharding=row_wise")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.self_check and (args.cfg or args.overrides):
+        parser.error("--self-check takes no overrides and no --cfg")
+    return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     is_rank0 = os.environ.get("RANK", "0") == "0"
     _quiet_libraries(is_rank0)
+    if args.self_check:
+        from slipstream_rec.self_check import main as self_check
+
+        return self_check()
 
     # Imports after logging is set up: torchrec logs while importing.
     from slipstream_rec.config import ConfigError, load_config, to_yaml

@@ -218,6 +218,9 @@ class NpyBatchLoader:
 
     Rows of a batch are in increasing file order (shuffling decides which rows share a batch), so
     mmap reads stay as local as possible. Tensors are CPU; ``Batch.to(device)`` moves them.
+    ``pin_memory=True`` (CUDA runs) yields batches in page-locked memory, so that the
+    ``non_blocking`` host-to-device copy of TorchRec's pipeline (on its side stream) and of
+    evaluation is asynchronous instead of staged through a synchronous pageable copy.
     """
 
     def __init__(
@@ -232,6 +235,7 @@ class NpyBatchLoader:
         shuffle: bool = False,
         seed: int = 0,
         mmap: bool = False,
+        pin_memory: bool = False,
         meta: Optional[DatasetMeta] = None,
     ) -> None:
         self.meta = meta if meta is not None else load_meta(path)
@@ -245,6 +249,12 @@ class NpyBatchLoader:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError(
+                "pin_memory=True needs a visible CUDA device (page-locked memory is for "
+                "host-to-GPU copies); torch.cuda.is_available() is False. Fix: pin_memory=False."
+            )
+        self.pin_memory = bool(pin_memory)
         self.split = split
         self.batch_size = int(batch_size)
         self.rank = rank
@@ -365,7 +375,8 @@ class NpyBatchLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         for rows in self.batch_rows():
-            yield self._batch_from_rows(rows)
+            batch = self._batch_from_rows(rows)
+            yield batch.pin_memory() if self.pin_memory else batch
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipeline
 
 from slipstream_rec.distributed import DistEnv, all_reduce_
 from slipstream_rec.slipstream.controller import SlipstreamController
+from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
 from slipstream_rec.training.config import PipelineKind, TrainerConfig
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
@@ -31,6 +32,7 @@ class TrainState:
     samples_seen: int = 0  # samples read from the training stream
     samples_trained: int = 0  # samples that went through forward/backward/optimizer
     train_seconds: float = 0.0  # wall time inside training steps (evaluation excluded)
+    data_seconds: float = 0.0  # inside the batch stream's next(): loading, classifying, refilling
     eval_seconds: float = 0.0
     history: List[Dict[str, Any]] = field(default_factory=list)  # evaluation results
 
@@ -99,6 +101,9 @@ class Trainer:
         self.slipstream = slipstream
         self.state = TrainState()
         self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device)
+        self.sparse_modules = [m for m in model.modules() if isinstance(m, SlipstreamShardedEBC)]
+        self._epoch_start: Optional[float] = None  # perf_counter at the start of the running epoch
+        self._eval_before = 0.0  # eval_seconds at that moment
 
     def total_steps(self) -> int:
         """Steps planned; an upper bound when Slipstream skips samples."""
@@ -108,7 +113,45 @@ class Trainer:
         """Raw batches -> Slipstream's classify/skip/refill stream (lock-step over ranks) -> at
         most ``budget`` training steps."""
         self.train_loader.set_epoch(epoch)
-        return itertools.islice(self.slipstream.wrap(iter(self.train_loader)), budget)
+        return self._timed(itertools.islice(self.slipstream.wrap(iter(self.train_loader)), budget))
+
+    def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            start = time.perf_counter()
+            batch = next(batches, None)
+            self.state.data_seconds += time.perf_counter() - start
+            if batch is None:
+                return
+            yield batch
+
+    def _live_train_seconds(self) -> float:
+        """Training seconds so far, including the running epoch (evaluations excluded)."""
+        st = self.state
+        if self._epoch_start is None:
+            return st.train_seconds
+        running = time.perf_counter() - self._epoch_start - (st.eval_seconds - self._eval_before)
+        return st.train_seconds + running
+
+    def time_breakdown(self) -> Dict[str, float]:
+        """Where this rank's training time went (cumulative seconds). ``data``: loading and
+        refilling batches (classification excluded); ``sparse``: the sharded embedding module's
+        input_dist and compute_and_output_dist calls (lookups, launching the all-to-alls; the
+        counting is Slipstream's); ``slipstream``: counting, classifying, snapshots, syncs;
+        ``dense``: the rest of the steps (dense forward/backward, optimizer, communication
+        waits)."""
+        st = self.state
+        total = self._live_train_seconds()
+        sparse = sum(m.stage_seconds for m in self.sparse_modules)
+        slip = self.slipstream.overhead_seconds()
+        # classification runs inside the stream's next(): count it once, as Slipstream's
+        data = max(0.0, st.data_seconds - self.slipstream.seconds["classify"])
+        return {
+            "total": total,
+            "data": data,
+            "sparse": sparse,
+            "slipstream": slip,
+            "dense": max(0.0, total - data - sparse - slip),
+        }
 
     def fit(self) -> TrainState:
         st = self.state
@@ -121,8 +164,8 @@ class Trainer:
             batches = self._epoch_batches(epoch, total - st.step)
             # Wall time of the whole loop, logging included, evaluations excluded: what a user
             # waits for, measured the same way as the benchmark's plain TorchRec loop.
-            epoch_start, eval_before = time.perf_counter(), st.eval_seconds
-            window_start, window_step = epoch_start, st.step
+            self._epoch_start, self._eval_before = time.perf_counter(), st.eval_seconds
+            window_start, window_step = self._epoch_start, st.step
             while True:
                 try:
                     loss, _logits, _labels, _weights = self.pipeline.progress(batches)
@@ -147,6 +190,7 @@ class Trainer:
                             "samples_trained": st.samples_trained,
                             "lr": self.scheduler.get_last_lr()[0],
                             **self.slipstream.state_record(),
+                            **{f"time_{k}": v for k, v in self.time_breakdown().items()},
                         },
                     )
                     window_start, window_step = now, st.step
@@ -155,7 +199,8 @@ class Trainer:
                     window_start = time.perf_counter()
             if self.env.device.type == "cuda":
                 torch.cuda.synchronize(self.env.device)  # count the queued kernels too
-            st.train_seconds += time.perf_counter() - epoch_start - (st.eval_seconds - eval_before)
+            st.train_seconds = self._live_train_seconds()
+            self._epoch_start = None
         return st
 
     def _evaluate(self, split: str, loader: Any) -> Dict[str, float]:
@@ -208,6 +253,7 @@ class Trainer:
             "stale_rows": slip["stale_rows"],
             "threshold": slip["threshold"],
             "slipstream_overhead_seconds": round(float(overhead.item()), 3),
+            "time_breakdown_rank0": {k: round(v, 3) for k, v in self.time_breakdown().items()},
             "slipstream": {
                 "hot_selection": self.slipstream.hot_selection,
                 "hot_rows_per_table": slip.get("hot_rows_per_table"),
