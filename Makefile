@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.stack-installed
 
 .PHONY: demo test test-all install clean
 
-$(STAMP): pyproject.toml tools/install_stack.py
+$(STAMP): pyproject.toml setup.py tools/install_stack.py
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (or: make PYTHON=python3)"; exit 1; }
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python tools/install_stack.py --variant cpu --editable --extras test

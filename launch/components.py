@@ -10,6 +10,15 @@ the ``local_cwd`` scheduler)::
     torchx run launch/components.py:train -j 1x2 -- trainer.max_steps=100 sharding=row_wise
     torchx run -s local_cwd --dryrun launch/components.py:train -j 2x1 -- trainer.max_steps=3
 
+Beyond one machine (README "Run on a cluster"): ``-s local_docker`` / ``-s kubernetes`` run the
+images docker/ builds (``--image``; default ``slipstream_rec:gpu`` for GPU jobs, else
+``slipstream_rec:cpu``), ``-s slurm`` runs in the current directory on the allocated nodes::
+
+    torchx run --workspace "" -s kubernetes -cfg queue=default launch/components.py:train \
+        -j 2x8 --gpu 8 --cpu 64 --memMB 480000 --image <registry>/slipstream_rec:gpu -- trainer.max_steps=1000
+    torchx run --workspace "" -s slurm -cfg partition=gpu,time=2:00:00 launch/components.py:train \
+        -j 2x8 --gpu 8 --cpu 64 --memMB 480000 -- trainer.max_steps=1000
+
 NOTE: torchx loads this file by ``exec``-ing it inside the globals of
 ``torchx.specs.finder`` (not as a normal module), so ``__file__`` is NOT this
 file and module-level names must not shadow finder's (``validate``, ``logger``,
@@ -25,6 +34,9 @@ import torchx.specs as specs
 from torchx.components.dist import ddp as _slipstream_ddp
 
 _SLIPSTREAM_MODULE = "slipstream_rec.train"
+# the tags `docker build -f docker/Dockerfile[.cpu]` gives in the README
+_SLIPSTREAM_IMAGE_GPU = "slipstream_rec:gpu"
+_SLIPSTREAM_IMAGE_CPU = "slipstream_rec:cpu"
 
 # [{min_nnodes}:]{nnodes}x{nproc_per_node}
 _SLIPSTREAM_J_RE = re.compile(r"^(?:(\d+):)?(\d+)x(\d+)$")
@@ -76,7 +88,7 @@ def _slipstream_default_env(
 def train(
     *script_args: str,
     j: str = "1x2",
-    image: str = os.getcwd(),
+    image: str = "",
     cpu: int = 4,
     gpu: int = 0,
     memMB: int = 8192,
@@ -100,7 +112,8 @@ def train(
     Args:
         script_args: Hydra overrides passed unchanged to slipstream_rec.train (e.g. trainer.max_steps=100 sharding=row_wise)
         j: {nnodes}x{nproc_per_node} (e.g. 1x2, 2x4), or {min_nnodes}:{max_nnodes}x{nproc_per_node} for elastic jobs
-        image: container image for docker/kubernetes schedulers; ignored by local_cwd, which runs in the current directory
+        image: container image for local_docker/kubernetes (default: slipstream_rec:gpu for GPU jobs, else slipstream_rec:cpu,
+            the tags docker/ builds); ignored by local_cwd and slurm, which run in the current directory
         cpu: number of cpus per node (replica); ignored if h is set
         gpu: number of gpus per node (replica); ignored if h is set. gpu > 0 switches the env defaults to NCCL ones
         memMB: cpu memory in MB per node (replica); ignored if h is set
@@ -117,6 +130,8 @@ def train(
     """
     _slipstream_check_j(j)
     uses_gpu = specs.resource(cpu=cpu, gpu=gpu, memMB=memMB, h=h).gpu > 0
+    if not image:
+        image = _SLIPSTREAM_IMAGE_GPU if uses_gpu else _SLIPSTREAM_IMAGE_CPU
     return _slipstream_ddp(
         *script_args,
         m=_SLIPSTREAM_MODULE,

@@ -333,6 +333,8 @@ def probe_runtime(report: Report, variant: Optional[str], pins: Optional[Pins]) 
         hint = ""
         if "undefined symbol" in str(e) or "No such operator" in str(e) or isinstance(e, (AttributeError, OSError)):
             hint = " (the fbgemm build does not match this torch)"
+        elif "no kernel image" in str(e):
+            hint = " (this GPU's architecture is not in the fbgemm / torch build: check the CUDA index)"
         report.add("fbgemm ops", "NOT loaded")
         report.problems.append(Problem(f"fbgemm's operators do not load or run{hint}: {_first_line(e)}", fix))
     try:

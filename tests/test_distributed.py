@@ -1,0 +1,43 @@
+"""slipstream_rec.distributed: backend choice and the gloo side group for CPU collectives."""
+
+from __future__ import annotations
+
+import torch
+
+from slipstream_rec import distributed
+from tests.dist_harness import run_workers
+
+
+def test_backend_for_device():
+    assert distributed.backend_for(torch.device("cpu")) == "gloo"
+    assert distributed.backend_for(torch.device("cuda", 3)) == "nccl"
+    assert distributed.resolve_device("cpu", 0) == torch.device("cpu")
+
+
+def _cpu_collectives_use_the_side_group(env):
+    import torch.distributed as dist
+
+    assert distributed.cpu_group() is None  # gloo job: the default group is already CPU
+    # What init_distributed sets up under nccl, here over gloo: CPU tensors must go through it
+    # and never through collective_device() (under nccl: a GPU round trip and a device sync).
+    distributed._CPU_GROUP = dist.new_group(backend="gloo")
+
+    def no_device_round_trip():
+        raise AssertionError("a CPU collective went through collective_device()")
+
+    distributed.collective_device = no_device_round_trip
+    flag = torch.tensor([env.rank + 1], dtype=torch.int32)
+    same = distributed.all_reduce_(flag, dist.ReduceOp.MIN)
+    total = distributed.all_reduce_(torch.tensor([float(env.rank + 1)], dtype=torch.float64))
+    obj = distributed.broadcast_object({"rank": env.rank}, src=1)
+    gathered = distributed.all_gather_objects(env.rank * 10)
+    distributed.close_distributed()
+    return same is flag, int(flag.item()), float(total.item()), obj, gathered, distributed.cpu_group()
+
+
+def test_cpu_collectives_take_the_gloo_side_group_without_device_copies():
+    results = run_workers(_cpu_collectives_use_the_side_group, world_size=2, timeout_s=120)
+    for in_place, flag, total, obj, gathered, group_after_close in results:
+        assert in_place and flag == 1 and total == 3.0
+        assert obj == {"rank": 1} and gathered == [0, 10]
+        assert group_after_close is None
