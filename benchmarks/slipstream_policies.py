@@ -4,7 +4,10 @@ Runs `slipstream-train slipstream=<policy>` under torchrun with 2 processes, alt
 policies within each repeat so that machine noise hits all alike, on the same data and seed.
 Prints per policy: train seconds, samples trained, skip fraction, validation/test AUC and log
 loss, speedup vs off, ideal speedup 1/(1 - skip fraction) and efficiency (speedup / ideal).
-Writes raw figures to benchmarks/results/slipstream_<name>.json.
+Writes raw figures to benchmarks/results/slipstream_<name>.json, keeps every run directory under
+benchmarks/results/runs/<name>/<policy>-r<repeat> and, at the end, writes the report of all runs
+(`python -m slipstream_rec.report`; the first policy's first repeat is the reference) into
+benchmarks/results/report_<name>/report.html. Both folders of <name> are cleared at start.
 
     .venv/bin/python benchmarks/slipstream_policies.py                       # default config
     .venv/bin/python benchmarks/slipstream_policies.py --name skewed data=synthetic_skewed
@@ -15,10 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Dict, List
 
@@ -28,19 +31,25 @@ FIELDS = ["train_seconds", "samples_trained", "samples_seen", "skip_fraction", "
           "test_auc", "test_logloss", "slipstream_overhead_seconds", "steps", "threshold", "hot_rows", "stale_rows"]
 
 
-def run_policy(policy: str, nproc: int, overrides: List[str]) -> Dict:
+def run_policy(policy: str, nproc: int, overrides: List[str], run_dir: Path) -> Dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc), "-m", "slipstream_rec.train",
-            f"slipstream={policy}", "trainer.eval_every_steps=0", "trainer.progress_bar=false",
-            "trainer.tensorboard=false", f"trainer.run_dir={tmp}", *overrides,
-        ]
-        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
-        summary = json.loads((Path(tmp) / "summary.json").read_text())
+    cmd = [
+        str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc), "-m", "slipstream_rec.train",
+        f"slipstream={policy}", "trainer.eval_every_steps=0", "trainer.progress_bar=false",
+        "trainer.tensorboard=false", f"trainer.run_dir={run_dir}", *overrides,
+    ]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
     return {k: summary.get(k) for k in FIELDS}
+
+
+def write_report(run_dirs: List[Path], out: Path) -> None:
+    cmd = [sys.executable, "-m", "slipstream_rec.report", *map(str, run_dirs), "-o", str(out)]
+    result = subprocess.run(cmd, cwd=ROOT)
+    if result.returncode != 0:
+        raise SystemExit(f"report failed (exit {result.returncode}): {' '.join(cmd)}")
 
 
 def main() -> None:
@@ -53,11 +62,17 @@ def main() -> None:
     args = p.parse_args()
     policies = args.policies.split(",")
 
+    runs_root = ROOT / "benchmarks" / "results" / "runs" / args.name
+    report = ROOT / "benchmarks" / "results" / f"report_{args.name}"
+    for stale in (runs_root, report):  # this setting's runs and report of an earlier invocation
+        if stale.exists():
+            shutil.rmtree(stale)
+    runs_root.mkdir(parents=True)
     runs: Dict[str, List[Dict]] = {pol: [] for pol in policies}
     for r in range(args.repeats):
         order = policies if r % 2 == 0 else list(reversed(policies))
         for pol in order:
-            res = run_policy(pol, args.nproc, args.overrides)
+            res = run_policy(pol, args.nproc, args.overrides, runs_root / f"{pol}-r{r}")
             runs[pol].append(res)
             print(f"repeat {r} {pol:>11}: {res['train_seconds']:.1f}s trained {res['samples_trained']} "
                   f"skip {res['skip_fraction']:.3f} val_auc {res['val_auc']:.4f} test_auc {res['test_auc']:.4f}",
@@ -92,6 +107,7 @@ def main() -> None:
     out.write_text(json.dumps({"setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
                                "runs": runs, "median": table}, indent=2) + "\n")
     print(f"raw: {out.relative_to(ROOT)}")
+    write_report([runs_root / f"{pol}-r{r}" for pol in policies for r in range(args.repeats)], report)
 
 
 if __name__ == "__main__":

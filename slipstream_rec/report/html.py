@@ -1,0 +1,229 @@
+"""Assemble report.html (self-contained: CSS inline, figures as base64 PNG) and the PNG files.
+
+Section ids (stable, for links and tests): ``runs``, ``summary``, ``config-diff``, ``accuracy``,
+``skipping``, ``rows-per-table``, ``change-distribution``, ``time-breakdown``. The comparison
+figures are also embedded as JSON in ``<script type="application/json" id="report-data">``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from slipstream_rec.report import figures
+from slipstream_rec.report.compare import comparison_rows, config_diff, show
+from slipstream_rec.report.runs import Run
+
+CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; vertical-align: top; }
+th { background: #f2f2f2; } td.l, th.l { text-align: left; }
+.incomplete { background: #fff3e0; } .note { color: #8a5a00; } .muted { color: #777; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+code { background: #f5f5f5; padding: 0 0.2em; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def fmt(value: Any, spec: str = "") -> str:
+    """A number for the tables; ``n/a`` where it is missing."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if spec == "int":
+        return f"{int(value):,}"
+    if spec == "signed":
+        return f"{value:+.4f}"
+    return format(value, spec) if spec else str(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1,
+           row_classes: Optional[Sequence[str]] = None, table_id: str = "") -> str:
+    """``rows`` hold already-escaped HTML; the first ``left`` columns are left-aligned."""
+    ident = f' id="{table_id}"' if table_id else ""
+    out = [f"<table{ident}><tr>" + "".join(
+        f'<th class="l">{_e(h)}</th>' if i < left else f"<th>{_e(h)}</th>" for i, h in enumerate(header)) + "</tr>"]
+    for n, row in enumerate(rows):
+        cls = f' class="{row_classes[n]}"' if row_classes and row_classes[n] else ""
+        out.append(f"<tr{cls}>" + "".join(
+            f'<td class="l">{c}</td>' if i < left else f"<td>{c}</td>" for i, c in enumerate(row)) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _notes(notes: List[str]) -> str:
+    if not notes:
+        return ""
+    return '<ul class="note">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>"
+
+
+def _figures(pngs: List[figures.Png]) -> str:
+    out = []
+    for png in pngs:
+        data = base64.b64encode(png.data).decode("ascii")
+        out.append(f'<figure><img src="data:image/png;base64,{data}" alt="{_e(png.title)}" '
+                   f'data-file="{_e(png.name)}"><figcaption class="muted">{_e(png.title)} '
+                   f"({_e(png.name)})</figcaption></figure>")
+    return "\n".join(out)
+
+
+def _section(ident: str, title: str, intro: str, body: str) -> str:
+    return f'<section id="{ident}">\n<h2>{_e(title)}</h2>\n<p class="muted">{intro}</p>\n{body}\n</section>'
+
+
+def build(runs: List[Run]) -> Dict[str, Any]:
+    """Everything the report shows: HTML text, the PNGs and the comparison data."""
+    rows = comparison_rows(runs)
+    keys, diffs = config_diff(runs)
+    first = runs[0]
+    sections = []
+
+    # -- runs
+    run_rows, classes = [], []
+    for run in runs:
+        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(run.kind_counts().items())) or "none"
+        run_rows.append([_e(run.label), _e(run.status), _e(run.policy or "n/a"), _e(", ".join(run.files)),
+                         _e(kinds), f"<code>{_e(run.path)}</code>", _notes(run.notes)])
+        classes.append("" if run.complete else "incomplete")
+    incomplete = [r.label for r in runs if not r.complete]
+    intro = (f"{len(runs)} run(s); the first, <b>{_e(first.label)}</b>, is the reference for speedups, "
+             "AUC differences and config differences.")
+    if incomplete:
+        intro += (" <b>Incomplete</b> (no summary.json: crashed or killed; shown with what they have): "
+                  + _e(", ".join(incomplete)) + ".")
+    sections.append(_section("runs", "Runs", intro, _table(
+        ["run", "status", "policy", "files", "metrics records", "path", "notes"], run_rows, left=7,
+        row_classes=classes, table_id="runs-table")))
+
+    # -- comparison
+    table_rows = []
+    for row in rows:
+        diff = row["config_diff"]
+        diff_html = ("<span class='muted'>reference</span>" if row is rows[0] else
+                     "n/a (no config)" if diff is None else
+                     "<span class='muted'>none</span>" if not diff else
+                     "<br>".join(f"<code>{_e(k)}={_e(show(v))}</code>" for k, v in diff.items()))
+        table_rows.append([
+            _e(row["label"]), _e(row["status"]), diff_html,
+            fmt(row["samples_trained"], "int") + ("" if row["status"] == "complete" or row["last_step"] is None
+                                                  else f'<br><span class="muted">to step {row["last_step"]}</span>'),
+            fmt(row["samples_skipped"], "int"), fmt(row["skip_fraction"], ".4f"), fmt(row["train_seconds"], ".3f"),
+            fmt(row["speedup"], ".3f"), fmt(row["val_auc"], ".4f"), fmt(row["test_auc"], ".4f"),
+            fmt(row["dauc"], "signed"), fmt(row["ideal_speedup"], ".3f"), fmt(row["efficiency"], ".3f"),
+        ])
+    intro = ("Speedup = first run's train seconds / this run's (evaluations excluded); dAUC = test AUC minus the "
+             "first run's; ideal speedup = 1 / (1 - skip fraction); efficiency = speedup / ideal. An incomplete "
+             "run shows the samples trained up to its last train record and n/a where the summary is needed.")
+    sections.append(_section("summary", "Comparison", intro, _table(
+        ["run", "status", "config vs first run", "samples trained", "samples skipped", "skip fraction",
+         "train s", "speedup", "val AUC", "test AUC", "dAUC (test)", "ideal speedup", "efficiency"],
+        table_rows, left=3, row_classes=["" if r["status"] == "complete" else "incomplete" for r in rows],
+        table_id="summary-table")))
+
+    # -- config diff
+    if first.config is None:
+        body = '<p class="note">The first run has no readable config.yaml: no config differences.</p>'
+    elif not keys:
+        body = "<p>All runs have the same configuration (apart from <code>trainer.run_dir</code>).</p>"
+    else:
+        first_flat = first.flat_config
+        body_rows = []
+        for key in keys:
+            cells = [f"<code>{_e(key)}</code>", _e(show(first_flat.get(key, "(absent)")))]
+            for diff in diffs[1:]:
+                if diff is None:
+                    cells.append("n/a")
+                elif key in diff:
+                    cells.append(f"<b>{_e(show(diff[key]))}</b>")
+                else:
+                    cells.append('<span class="muted">=</span>')
+            body_rows.append(cells)
+        body = _table(["key"] + [r.label for r in runs], body_rows, left=len(runs) + 1, table_id="config-diff-table")
+    sections.append(_section(
+        "config-diff", "Config differences from the first run",
+        "Flattened dotted keys of config.yaml whose value differs from the first run's in at least one run "
+        "(<code>trainer.run_dir</code> is left out); <b>bold</b>: differs, =: same as the first run.", body))
+
+    # -- figures
+    pngs: List[figures.Png] = []
+
+    def add(ident: str, title: str, intro: str, result: Any) -> None:
+        got, notes = result[0], result[1]
+        for png in got:  # two labels can map to one file-safe name
+            stem, n = png.name[: -len(".png")], 2
+            while png.name in {p.name for p in pngs}:
+                png.name, n = f"{stem}_{n}.png", n + 1
+            pngs.append(png)
+        body = _figures(got) if got else '<p class="note">No run has data for this section.</p>'
+        sections.append(_section(ident, title, intro, body + _notes(notes)))
+
+    add("accuracy", "Accuracy vs wall time and samples trained",
+        "Validation AUC and log loss at every evaluation (eval records of metrics.jsonl); time counts from the "
+        "start of training, evaluations included, so curves show time-to-accuracy.", figures.accuracy(runs))
+    add("skipping", "Skip fraction, threshold T, hot and stale rows over time",
+        "From train records (lines) and Slipstream snapshot records (dots); rank 0's skip fraction.",
+        figures.skipping(runs))
+    add("rows-per-table", "Hot and stale rows per table",
+        "Per run with Slipstream tracking, from the snapshot records (symlog scale).", figures.rows_per_table(runs))
+    add("change-distribution", "Per-row change of hot rows at each snapshot",
+        "Log-binned histogram of each hot row's change since the previous snapshot, one line per snapshot; "
+        "dashed vertical line: the threshold T chosen at that snapshot (a hot row with change below T is stale).",
+        figures.change_distribution(runs))
+    tb_pngs, tb_notes, parts = figures.time_breakdown(runs)
+    tb_rows = []
+    cols = [k for k, _, _ in figures.BREAKDOWN_PARTS]
+    for run in runs:
+        p = parts[run.label]
+        tb_rows.append([_e(run.label)] + [fmt(p.get(k) if p else None, ".3f") for k in cols]
+                       + [fmt(p.get("total") if p else None, ".3f")])
+    add("time-breakdown", "Time breakdown",
+        "Rank 0's training seconds (summary.json time_breakdown_rank0; Slipstream split by slipstream.seconds): "
+        "data = loading and refilling, sparse = the sharded embedding stages, dense = the rest of the steps.",
+        (tb_pngs, tb_notes))
+    sections[-1] = sections[-1].replace("</section>", _table(
+        ["run"] + [name + (" (total)" if key == "slipstream" else "") for key, name, _ in figures.BREAKDOWN_PARTS]
+        + ["total"], tb_rows,
+        table_id="time-breakdown-table") + "\n</section>")
+
+    data = {"runs": rows, "config_diff_keys": keys, "time_breakdown": parts,
+            "figures": [p.name for p in pngs]}
+    payload = json.dumps(data, default=str).replace("</", "<\\/")
+    now = _dt.datetime.now().isoformat(timespec="seconds")
+    text = "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>slipstream_rec report: {_e(', '.join(r.label for r in runs))}</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>slipstream_rec experiment report</h1>",
+        f'<p class="muted">Generated {now} by <code>python -m slipstream_rec.report</code> '
+        f"from {len(runs)} run(s).</p>",
+        '<nav><a href="#runs">runs</a> · <a href="#summary">comparison</a> · <a href="#config-diff">config</a> · '
+        '<a href="#accuracy">accuracy</a> · <a href="#skipping">skipping</a> · '
+        '<a href="#rows-per-table">rows per table</a> · <a href="#change-distribution">change distribution</a> · '
+        '<a href="#time-breakdown">time breakdown</a></nav>',
+        *sections,
+        f'<script type="application/json" id="report-data">{payload}</script>',
+        "</body></html>",
+    ])
+    return {"html": text, "pngs": pngs, "data": data}
+
+
+def write(runs: List[Run], out_dir: Path) -> Path:
+    """Write OUT/report.html and OUT/<figure>.png; returns the HTML path."""
+    report = build(runs)  # everything is drawn before anything is written
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for png in report["pngs"]:
+        (out_dir / png.name).write_bytes(png.data)
+    path = out_dir / "report.html"
+    tmp = out_dir / ".report.html.tmp"
+    tmp.write_text(report["html"], encoding="utf-8")
+    tmp.replace(path)
+    return path
