@@ -228,7 +228,7 @@ def check_versions(
             return [
                 Problem(
                     f"the pins ({pins.source}) have no [tool.slipstream_rec.stack.{variant}] table",
-                    f"add it next to the other variants' tables, or install the variant that is pinned",
+                    "add it next to the other variants' tables, or install the variant that is pinned",
                 )
             ]
         for dist, pin in table.items():

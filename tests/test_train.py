@@ -72,8 +72,9 @@ def test_two_process_training_learns_and_writes_a_complete_run(tmp_path, data_ro
     assert summary["eval_history"][-1]["num_samples"] == 8000
     parts = summary["time_breakdown_rank0"]
     assert parts["total"] == pytest.approx(summary["train_seconds"], abs=0.01)
-    assert min(parts.values()) >= 0 and parts["dense"] > 0 and parts["sparse"] > 0
-    assert parts["data"] + parts["sparse"] + parts["slipstream"] + parts["dense"] == pytest.approx(parts["total"], abs=0.01)
+    assert min(parts.values()) >= 0
+    assert all(parts[k] > 0 for k in ("data", "input_all_to_all", "forward", "backward", "optimizer"))
+    assert sum(v for k, v in parts.items() if k != "total") == pytest.approx(parts["total"], abs=0.01)
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in records}

@@ -234,13 +234,16 @@ def _valid_hist(hist: Any) -> bool:
 # ---- time breakdown --------------------------------------------------------------------------
 BREAKDOWN_PARTS = [  # (key, name, color); slipstream's parts replace its total where known
     ("data", "data", "#9e9e9e"),
-    ("sparse", "sparse", "#1f77b4"),
+    ("input_all_to_all", "input all-to-all", "#17becf"),
+    ("forward", "forward (+ lookups, output all-to-all)", "#1f77b4"),
+    ("backward", "backward (+ fused embedding update)", "#2ca02c"),
+    ("optimizer", "dense optimizer", "#bcbd22"),
     ("slipstream", "slipstream", "#ff9896"),
     ("count", "slipstream: count", "#ffbb78"),
     ("classify", "slipstream: classify", "#ff7f0e"),
     ("snapshot", "slipstream: snapshot", "#d62728"),
     ("sync", "slipstream: sync", "#e377c2"),
-    ("dense", "dense", "#2ca02c"),
+    ("other", "other", "#7f7f7f"),
 ]
 SLIPSTREAM_PARTS = ("count", "classify", "snapshot", "sync")
 

@@ -187,7 +187,9 @@ def build(runs: List[Run]) -> Dict[str, Any]:
                        + [fmt(p.get("total") if p else None, ".3f")])
     add("time-breakdown", "Time breakdown",
         "Rank 0's training seconds (summary.json time_breakdown_rank0; Slipstream split by slipstream.seconds): "
-        "data = loading and refilling, sparse = the sharded embedding stages, dense = the rest of the steps.",
+        "data = loading and refilling batches; input all-to-all = starting and waiting for the next batch's "
+        "input distribution; forward and backward include the embedding lookups and the output all-to-all "
+        "(the pipeline runs them inside the model call); other = logging and bookkeeping. Host timers.",
         (tb_pngs, tb_notes))
     sections[-1] = sections[-1].replace("</section>", _table(
         ["run"] + [name + (" (total)" if key == "slipstream" else "") for key, name, _ in figures.BREAKDOWN_PARTS]

@@ -93,10 +93,11 @@ class Run:
         return last.get("samples_trained") if last else None
 
     def time_breakdown(self) -> Optional[Dict[str, float]]:
-        """Seconds of rank 0's training time: data, sparse, slipstream, dense, total, and where
+        """Seconds of rank 0's training time: data, input_all_to_all, forward, backward,
+        optimizer, slipstream, other, total, and where
         known slipstream's parts count / classify / snapshot / sync. From summary.json; for an
         incomplete run, from its last train record (cumulative up to that step)."""
-        parts = ("data", "sparse", "slipstream", "dense", "total")
+        parts = ("data", "input_all_to_all", "forward", "backward", "optimizer", "slipstream", "other", "total")
         if self.complete:
             tb = self.get("time_breakdown_rank0")
             seconds = (self.get("slipstream") or {}).get("seconds") or {}

@@ -104,9 +104,6 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         super().__init__(*args, **kwargs)
         self.counting: bool = False  # set by the tracker on sampled steps
         self.count_seconds: float = 0.0  # time spent counting (Slipstream overhead)
-        # time inside input_dist and compute_and_output_dist calls (launching the all-to-alls,
-        # the lookups; waits that the pipeline does elsewhere are not included)
-        self.stage_seconds: float = 0.0
         self._units: Optional[List[ShardUnit]] = None
 
     @property
@@ -115,21 +112,12 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
             self._units = discover_units(self)
         return self._units
 
-    def input_dist(self, ctx: EmbeddingBagCollectionContext, features: Any) -> Any:
-        start = time.perf_counter()
-        out = super().input_dist(ctx, features)
-        self.stage_seconds += time.perf_counter() - start
-        return out
-
     def compute_and_output_dist(
         self, ctx: EmbeddingBagCollectionContext, input: KJTList
     ) -> LazyAwaitable[KeyedTensor]:
         if self.counting and self.training:
             self.count_lookups(input)
-        start = time.perf_counter()
-        out = super().compute_and_output_dist(ctx, input)
-        self.stage_seconds += time.perf_counter() - start
-        return out
+        return super().compute_and_output_dist(ctx, input)
 
     @torch.no_grad()
     def count_lookups(self, features: KJTList) -> None:

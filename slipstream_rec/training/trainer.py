@@ -15,7 +15,6 @@ from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipeline
 
 from slipstream_rec.distributed import DistEnv, all_reduce_
 from slipstream_rec.slipstream.controller import SlipstreamController
-from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
 from slipstream_rec.training.config import PipelineKind, TrainerConfig
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
@@ -43,12 +42,59 @@ def planned_steps(cfg: TrainerConfig, batches_per_epoch: int) -> int:
     return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
 
+PIPELINE_STAGES = ("input_all_to_all", "forward", "backward", "optimizer")
+
+
+class TimedTrainPipelineSparseDist(TrainPipelineSparseDist):
+    """TorchRec's TrainPipelineSparseDist with host timers around its stages.
+
+    ``input_all_to_all``: starting and waiting for the input distribution (the KJT all-to-all of
+    the next batch); ``forward`` / ``backward`` include the embedding lookups and the output
+    all-to-all (and its backward, with the fused embedding update), which the pipeline runs
+    inside the model call; ``optimizer``: the dense optimizer step. On CUDA these are launch
+    times on the host, not kernel times.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seconds: Dict[str, float] = {stage: 0.0 for stage in PIPELINE_STAGES}
+        model_fwd = self._model_fwd
+
+        def timed_forward(batch: Any) -> Any:
+            start = time.perf_counter()
+            out = model_fwd(batch)
+            self.seconds["forward"] += time.perf_counter() - start
+            return out
+
+        self._model_fwd = timed_forward
+
+    def start_sparse_data_dist(self, batch: Any, context: Any) -> None:
+        start = time.perf_counter()
+        super().start_sparse_data_dist(batch, context)
+        self.seconds["input_all_to_all"] += time.perf_counter() - start
+
+    def wait_sparse_data_dist(self, context: Any) -> None:
+        start = time.perf_counter()
+        super().wait_sparse_data_dist(context)
+        self.seconds["input_all_to_all"] += time.perf_counter() - start
+
+    def _backward(self, losses: torch.Tensor) -> None:
+        start = time.perf_counter()
+        super()._backward(losses)
+        self.seconds["backward"] += time.perf_counter() - start
+
+    def _optimizer_step(self) -> None:
+        start = time.perf_counter()
+        super()._optimizer_step()
+        self.seconds["optimizer"] += time.perf_counter() - start
+
+
 def make_pipeline(
     kind: PipelineKind, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
 ) -> Any:
     if kind is PipelineKind.base:
         return TrainPipelineBase(model, optimizer, device)
-    return TrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
+    return TimedTrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
 
 
 @torch.no_grad()
@@ -101,7 +147,6 @@ class Trainer:
         self.slipstream = slipstream
         self.state = TrainState()
         self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device)
-        self.sparse_modules = [m for m in model.modules() if isinstance(m, SlipstreamShardedEBC)]
         self._epoch_start: Optional[float] = None  # perf_counter at the start of the running epoch
         self._eval_before = 0.0  # eval_seconds at that moment
 
@@ -133,25 +178,25 @@ class Trainer:
         return st.train_seconds + running
 
     def time_breakdown(self) -> Dict[str, float]:
-        """Where this rank's training time went (cumulative seconds). ``data``: loading and
-        refilling batches (classification excluded); ``sparse``: the sharded embedding module's
-        input_dist and compute_and_output_dist calls (lookups, launching the all-to-alls; the
-        counting is Slipstream's); ``slipstream``: counting, classifying, snapshots, syncs;
-        ``dense``: the rest of the steps (dense forward/backward, optimizer, communication
-        waits)."""
+        """Where this rank's training time went (cumulative host seconds; they add up to
+        ``total``). ``data``: loading and refilling batches; the pipeline stages (see
+        ``TimedTrainPipelineSparseDist``); ``slipstream``: counting, classifying, snapshots and
+        syncs (taken out of ``data`` and ``forward``, where counting and classifying run);
+        ``other``: the rest (logging, scheduler, pipeline bookkeeping)."""
         st = self.state
         total = self._live_train_seconds()
-        sparse = sum(m.stage_seconds for m in self.sparse_modules)
-        slip = self.slipstream.overhead_seconds()
-        # classification runs inside the stream's next(): count it once, as Slipstream's
-        data = max(0.0, st.data_seconds - self.slipstream.seconds["classify"])
-        return {
-            "total": total,
-            "data": data,
-            "sparse": sparse,
-            "slipstream": slip,
-            "dense": max(0.0, total - data - sparse - slip),
+        stages = getattr(self.pipeline, "seconds", {stage: 0.0 for stage in PIPELINE_STAGES})
+        ctl = self.slipstream
+        parts = {
+            "data": max(0.0, st.data_seconds - ctl.seconds["classify"]),
+            "input_all_to_all": stages["input_all_to_all"],
+            "forward": max(0.0, stages["forward"] - ctl.count_seconds()),
+            "backward": stages["backward"],
+            "optimizer": stages["optimizer"],
+            "slipstream": ctl.overhead_seconds(),
         }
+        parts["other"] = max(0.0, total - sum(parts.values()))
+        return {"total": total, **parts}
 
     def fit(self) -> TrainState:
         st = self.state
