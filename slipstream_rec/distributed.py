@@ -125,6 +125,31 @@ def all_reduce_(t: torch.Tensor, op: Any = None) -> torch.Tensor:
     return t
 
 
+def gather_varlen(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's 1-D tensor (lengths may differ), in rank order, on every rank.
+
+    Routed like ``all_reduce_``: a CPU tensor under nccl goes through the gloo side group,
+    anything else through the default group on the backend's device (and back).
+    Collective: all ranks enter (two all_gathers: lengths, then padded values).
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return t
+    home = t.device
+    group = _CPU_GROUP if home.type == "cpu" and _CPU_GROUP is not None else None
+    if group is None:
+        t = t.to(collective_device())  # nccl gathers CUDA tensors only
+    world = dist.get_world_size()
+    n = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n, group=group)
+    lengths = [int(s.item()) for s in sizes]
+    padded = torch.zeros(max(lengths), dtype=t.dtype, device=t.device)
+    padded[: t.numel()] = t
+    parts: List[torch.Tensor] = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:k] for p, k in zip(parts, lengths)]).to(home)
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s value on every rank. Collective: all ranks enter."""
     box: List[Any] = [obj]

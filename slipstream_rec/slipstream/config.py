@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from slipstream_rec.validation import check_fields
+
 
 class Policy(Enum):
     """Which Slipstream behaviour runs. ``off`` is a policy, not a separate code path."""
@@ -108,6 +110,4 @@ class SlipstreamConfig:
                 "(or raise slipstream.count_steps)",
             )
         )
-        for key, ok, fix in checks:
-            if not ok:
-                raise ValueError(f"slipstream.{key}={getattr(self, key)!r} is invalid: use {fix}")
+        check_fields("slipstream", self, checks)

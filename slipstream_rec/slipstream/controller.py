@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch import nn
 
 from slipstream_rec.data.types import Batch
-from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.slipstream.classify import per_sample_max_change, threshold_for_target
 from slipstream_rec.slipstream.config import SlipstreamConfig
 from slipstream_rec.slipstream.rows import RowIndex, RowState
@@ -35,7 +34,7 @@ from slipstream_rec.slipstream.sampling import SkipDecider
 from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
 from slipstream_rec.slipstream.stream import SkippingStream
 from slipstream_rec.slipstream.tracker import StalenessTracker, hot_budget_bytes
-from slipstream_rec.training.metrics import gather_varlen
+from slipstream_rec.distributed import all_reduce_, gather_varlen
 
 logger = logging.getLogger(__name__)
 

@@ -51,6 +51,12 @@ class ShardUnit:
     def row_bytes(self) -> int:
         return self.cols * self.weights.element_size()
 
+    def ensure_counts(self) -> torch.Tensor:
+        """The lookup counts, zero until something is counted."""
+        if self.counts is None:
+            self.counts = torch.zeros(self.rows, dtype=torch.float32, device=self.weights.device)
+        return self.counts
+
 
 def _unwrap(lookup: Any) -> Any:
     # data-parallel lookups are wrapped in DistributedDataParallel
@@ -130,11 +136,5 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
                 # split the group's values per feature once (feature-major layout)
                 by_group[unit.group] = list(torch.split(kjt.values(), kjt.length_per_key()))
             ids = by_group[unit.group][unit.position]
-            if unit.counts is None:
-                unit.counts = torch.zeros(unit.rows, dtype=torch.float32, device=ids.device)
-            unit.counts.index_add_(0, ids.long(), torch.ones_like(ids, dtype=torch.float32))
+            unit.ensure_counts().index_add_(0, ids.long(), torch.ones_like(ids, dtype=torch.float32))
         self.count_seconds += time.perf_counter() - start
-
-    def reset_counts(self) -> None:
-        for unit in self.units:
-            unit.counts = None

@@ -16,10 +16,9 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
-from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.slipstream.sharded import ShardUnit, SlipstreamShardedEBC
-from slipstream_rec.training.metrics import gather_varlen
+from slipstream_rec.distributed import all_reduce_, gather_varlen
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +71,6 @@ class StalenessTracker:
         for module in self.modules:
             module.counting = on
 
-    def _counts(self, unit: ShardUnit) -> torch.Tensor:
-        if unit.counts is None:
-            unit.counts = torch.zeros(unit.rows, dtype=torch.float32, device=unit.weights.device)
-        return unit.counts
-
     def _global_keys(self, unit: ShardUnit, local_rows: torch.Tensor) -> torch.Tensor:
         rows = local_rows.to(torch.int64).cpu() + unit.row_offset
         return self.index.to_flat(self._feature_idx[unit.feature], rows)
@@ -89,7 +83,7 @@ class StalenessTracker:
         if dist.is_initialized() and dist.get_world_size() > 1:
             # All ranks: data-parallel tables are counted from local batches only. Every rank
             # holds the same replicated units (possibly none), so the all-reduce lines up.
-            flat = torch.cat([self._counts(u) for u in replicated]) if replicated else torch.zeros(0)
+            flat = torch.cat([u.ensure_counts() for u in replicated]) if replicated else torch.zeros(0)
             all_reduce_(flat)
             for unit, part in zip(replicated, torch.split(flat, [u.rows for u in replicated])):
                 unit.counts = part.clone()
@@ -98,7 +92,7 @@ class StalenessTracker:
         # ever hold, so the gather stays small for tables of any size.
         counts, sizes = [], []
         for unit in self.units:
-            c = self._counts(unit)
+            c = unit.ensure_counts()
             c = c[c >= min_count]
             cap = max(1, budget_bytes // unit.row_bytes)
             if c.numel() > cap:
@@ -119,7 +113,7 @@ class StalenessTracker:
                 cut = max(cut, float(all_counts[order[fits]]) + 1e-3)
         hot_bytes = 0
         for unit in self.units:
-            unit.hot_rows = torch.nonzero(self._counts(unit) >= cut).flatten()
+            unit.hot_rows = torch.nonzero(unit.ensure_counts() >= cut).flatten()
             unit.snapshot = None
             hot_bytes += int(unit.hot_rows.numel()) * unit.row_bytes
             unit.counts = None  # counting is over; free the memory

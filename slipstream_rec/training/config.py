@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
+from slipstream_rec.validation import check_fields
+
 
 class PipelineKind(Enum):
     """How steps are scheduled."""
@@ -57,6 +59,4 @@ class TrainerConfig:
             ("log_every_steps", self.log_every_steps > 0, "a positive step count"),
             ("collective_timeout_s", self.collective_timeout_s > 0, "positive seconds"),
         ]
-        for key, ok, fix in checks:
-            if not ok:
-                raise ValueError(f"trainer.{key}={getattr(self, key)!r} is invalid: use {fix}")
+        check_fields("trainer", self, checks)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Dict
 
 import torch
-import torch.distributed as dist
 
-from slipstream_rec.distributed import collective_device
+from slipstream_rec.distributed import gather_varlen
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -36,27 +35,6 @@ def log_loss(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return torch.nn.functional.binary_cross_entropy_with_logits(
         logits.double().flatten(), labels.double().flatten()
     ).item()
-
-
-def gather_varlen(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate every rank's 1-D tensor (lengths may differ), in rank order, on every rank.
-
-    Collective: all ranks enter (two all_gathers: lengths, then padded values).
-    """
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return t
-    home = t.device
-    t = t.to(collective_device())  # nccl gathers CUDA tensors only
-    world = dist.get_world_size()
-    n = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
-    lengths = [int(s.item()) for s in sizes]
-    padded = torch.zeros(max(lengths), dtype=t.dtype, device=t.device)
-    padded[: t.numel()] = t
-    parts: List[torch.Tensor] = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[:k] for p, k in zip(parts, lengths)]).to(home)
 
 
 def evaluate_predictions(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:

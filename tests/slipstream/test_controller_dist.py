@@ -26,7 +26,7 @@ def controller_worker(env, reactivate: bool, warmup_steps: int):
     from slipstream_rec.slipstream.classify import per_sample_max_change, threshold_for_target
     from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
     from slipstream_rec.slipstream.controller import SlipstreamController
-    from slipstream_rec.training.metrics import gather_varlen
+    from slipstream_rec.distributed import gather_varlen
 
     dmp, modules = _sharded("row_wise")
     cfg = SlipstreamConfig(
