@@ -374,7 +374,17 @@ class NpyBatchLoader:
         return out
 
     def __iter__(self) -> Iterator[Batch]:
-        for rows in self.batch_rows():
+        return self.iter_from(0)
+
+    def iter_from(self, start: int) -> Iterator[Batch]:
+        """This epoch's batches from batch ``start`` on: how a checkpointed run resumes an
+        interrupted epoch (the batch order depends only on seed, epoch and rank)."""
+        if not 0 <= start <= self._num_batches:
+            raise ValueError(
+                f"cannot start {self.split!r} at batch {start}: the epoch has {self._num_batches} "
+                "batches per rank (a checkpoint from another dataset or batch size?)"
+            )
+        for rows in self.batch_rows()[start:]:
             batch = self._batch_from_rows(rows)
             yield batch.pin_memory() if self.pin_memory else batch
 

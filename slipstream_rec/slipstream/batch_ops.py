@@ -7,14 +7,17 @@ are ``values[start[src(s)] : start[src(s)] + lengths[src(s)]]``, laid out back t
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from slipstream_rec.data.types import Batch
 
-__all__ = ["select_rows", "slice_rows", "concat_batches", "select_kjt", "concat_kjts"]
+__all__ = [
+    "select_rows", "slice_rows", "concat_batches", "select_kjt", "concat_kjts", "batch_to_state",
+    "batch_from_state",
+]  # fmt: skip
 
 
 def _check_uniform(kjt: KeyedJaggedTensor) -> None:
@@ -151,4 +154,28 @@ def concat_batches(batches: Sequence[Batch]) -> Batch:
         sparse_features=concat_kjts([b.sparse_features for b in batches]),
         labels=torch.cat([b.labels for b in batches], 0),
         weights=torch.cat([b.weights for b in batches], 0),
+    )
+
+
+def batch_to_state(batch: Batch) -> Dict[str, Any]:
+    """A ``Batch`` as plain CPU tensors (for checkpoints): exactly what ``batch_from_state`` needs."""
+    kjt = batch.sparse_features
+    return {
+        "dense": batch.dense_features.detach().cpu().clone(),
+        "keys": list(kjt.keys()),
+        "values": kjt.values().detach().cpu().clone(),
+        "lengths": kjt.lengths().detach().cpu().clone(),
+        "stride": int(kjt.stride()),
+        "labels": batch.labels.detach().cpu().clone(),
+        "weights": batch.weights.detach().cpu().clone(),
+    }
+
+
+def batch_from_state(state: Dict[str, Any]) -> Batch:
+    """Inverse of ``batch_to_state``."""
+    kjt = KeyedJaggedTensor(
+        keys=list(state["keys"]), values=state["values"], lengths=state["lengths"], stride=state["stride"]
+    )
+    return Batch(
+        dense_features=state["dense"], sparse_features=kjt, labels=state["labels"], weights=state["weights"]
     )

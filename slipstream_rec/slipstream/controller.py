@@ -137,12 +137,20 @@ class SlipstreamController:
         self.seconds["classify"] += time.perf_counter() - t0
         return out
 
-    def wrap(self, raw_batches: Iterator[Batch]) -> Iterator[Batch]:
-        """The training stream of one epoch: classified, refilled, in lock-step over ranks."""
+    def wrap(
+        self, raw_batches: Iterator[Batch], stream_state: Optional[Dict[str, Any]] = None
+    ) -> Iterator[Batch]:
+        """The training stream of one epoch: classified, refilled, in lock-step over ranks.
+
+        ``stream_state`` (from a checkpoint) continues an interrupted epoch: ``raw_batches`` must
+        then start right after the saved stream's ``source_batches_pulled`` batches.
+        """
         self._close_stream()
         self.stream = SkippingStream(
             raw_batches, self.batch_size, decide=self._decide, lookahead_batches=self.cfg.lookahead_batches
         )
+        if stream_state is not None:
+            self.stream.load_state_dict(stream_state)
         return lockstep(self.stream, on_drop=self._dropped)
 
     def _dropped(self, n: int) -> None:
@@ -214,6 +222,59 @@ class SlipstreamController:
         self.threshold, self.threshold_info = float(threshold), info
         if info.get("reason") and self.is_rank0:
             logger.warning("slipstream: threshold %.3g at step %d: %s", threshold, self.step, info["reason"])
+
+    # ---- checkpointing (local, no collective) -----------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Everything but the running epoch's stream (the trainer saves that with the data
+        position). The global part is identical on every rank; the tracker's is per shard."""
+        return {
+            "step": self.step,
+            "threshold": self.threshold,
+            "threshold_info": self.threshold_info,
+            "change": self.row_state.change.clone(),
+            "frozen_stale": self._frozen_stale.clone(),
+            "hot_selection": self.hot_selection,
+            "seconds": dict(self.seconds),
+            "count_seconds": [m.count_seconds for m in self.tracker.modules] if self.tracker else [],
+            "streams_done": dict(self._streams_done),
+            "decider": self.decider.state_dict(),
+            "tracker": self.tracker.state_dict() if self.tracker is not None else None,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> bool:
+        """Restore; returns whether the per-shard tracking state was restored exactly (see
+        ``StalenessTracker.load_state_dict`` for what happens when the shard layout changed)."""
+        if (state["tracker"] is None) != (self.tracker is None):
+            raise ValueError(
+                f"the checkpoint was written with a slipstream policy that "
+                f"{'does not track' if state['tracker'] is None else 'tracks'} rows, this run's "
+                f"slipstream.policy={self.cfg.policy.value} "
+                f"{'does' if self.tracker is not None else 'does not'}. Fix: resume with the "
+                "policy the run started with, or start a new run directory"
+            )
+        if state["change"].numel() != self.row_state.num_rows:
+            raise ValueError(
+                f"the checkpoint tracks {state['change'].numel()} embedding rows, this model has "
+                f"{self.row_state.num_rows}. Fix: resume with the dataset and model the run started with"
+            )
+        self.step = int(state["step"])
+        self.threshold = state["threshold"]
+        self.threshold_info = state["threshold_info"]
+        self.row_state.change.copy_(state["change"])
+        self.row_state.version += 1
+        self._frozen_stale = state["frozen_stale"].clone()
+        self.hot_selection = state["hot_selection"]
+        self.seconds.update(state["seconds"])
+        self._streams_done.update(state["streams_done"])
+        self.decider.load_state_dict(state["decider"])
+        exact = True
+        if self.tracker is not None:
+            exact = self.tracker.load_state_dict(state["tracker"])
+            if len(state["count_seconds"]) == len(self.tracker.modules):
+                for m, v in zip(self.tracker.modules, state["count_seconds"]):
+                    m.count_seconds = float(v)
+            self.tracker.set_counting(self._counts_step(self.step + 1))
+        return exact
 
     # ---- reporting --------------------------------------------------------------------------
     def counters(self) -> Dict[str, int]:

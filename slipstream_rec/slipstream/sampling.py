@@ -182,6 +182,21 @@ class SkipDecider:
         t.kept_sampled += sum(per[2])
         t.forced_kept_by_ceiling += sum(per[3])
 
+    def state_dict(self) -> Dict[str, object]:
+        """What the next decisions depend on: the random stream, the open window, the totals."""
+        return {
+            "generator": self._gen.get_state(),
+            "current_window": self.current_window.as_dict(),
+            "totals": self.totals.as_dict(),
+            "last_threshold": self.last_threshold,
+        }
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        self._gen.set_state(state["generator"])  # type: ignore[arg-type]
+        self.current_window = WindowStats(**state["current_window"])  # type: ignore[arg-type]
+        self.totals = WindowStats(**state["totals"])  # type: ignore[arg-type]
+        self.last_threshold = state["last_threshold"]  # type: ignore[assignment]
+
     def state(self) -> Dict[str, object]:
         """Totals, the open window and the settings (for logging)."""
         return {

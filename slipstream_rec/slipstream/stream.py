@@ -9,12 +9,18 @@ computed from the very inputs that will be classified next (``peek_upcoming``).
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Deque, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
 from slipstream_rec.data.types import Batch
-from slipstream_rec.slipstream.batch_ops import concat_batches, select_rows, slice_rows
+from slipstream_rec.slipstream.batch_ops import (
+    batch_from_state,
+    batch_to_state,
+    concat_batches,
+    select_rows,
+    slice_rows,
+)
 
 __all__ = ["SkippingStream", "DecideFn"]
 
@@ -68,6 +74,7 @@ class SkippingStream:
         self.samples_skipped = 0  # classified rows decide() dropped
         self.samples_dropped_at_end = 0  # kept rows of the final incomplete batch
         self.source_batches_classified = 0
+        self.source_batches_pulled = 0  # raw batches taken from the source (the data position)
         self.batches_emitted = 0
 
     # -- source / look-ahead ---------------------------------------------------------------
@@ -76,10 +83,12 @@ class SkippingStream:
         if self._source_done:
             return None
         try:
-            return next(self._source)
+            batch = next(self._source)
         except StopIteration:
             self._source_done = True
             return None
+        self.source_batches_pulled += 1
+        return batch
 
     def _fill(self) -> None:
         while len(self._upcoming) < self.lookahead_batches:
@@ -187,6 +196,38 @@ class SkippingStream:
         self.batches_emitted += 1
         self._fill()
         return out
+
+    # -- checkpointing ---------------------------------------------------------------------
+    _COUNTERS = (
+        "samples_seen", "samples_kept", "samples_skipped", "samples_dropped_at_end",
+        "source_batches_classified", "source_batches_pulled", "batches_emitted",
+    )  # fmt: skip
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Buffers and counters, batches as plain tensors. With a source that restarts after
+        ``source_batches_pulled`` batches, ``load_state_dict`` continues the stream exactly."""
+        return {
+            "upcoming": [batch_to_state(b) for b in self._upcoming],
+            "carry": [batch_to_state(b) for b in self._carry],
+            "source_done": self._source_done,
+            "finished": self._finished,
+            **{k: getattr(self, k) for k in self._COUNTERS},
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore a fresh stream whose source continues where the saved one's stopped."""
+        assert self.source_batches_pulled == 0, "load_state_dict on a stream already in use"
+        self._upcoming = deque(batch_from_state(b) for b in state["upcoming"])
+        self._carry = [batch_from_state(b) for b in state["carry"]]
+        self._carry_rows = sum(b.batch_size for b in self._carry)
+        self._source_done = bool(state["source_done"])
+        self._finished = bool(state["finished"])
+        for k in self._COUNTERS:
+            setattr(self, k, int(state[k]))
+
+    def buffered_rows(self) -> int:
+        """Rows pulled from the source but not yet emitted (look-ahead and carry)."""
+        return sum(b.batch_size for b in self._upcoming) + self._carry_rows
 
     def counters(self) -> dict:
         """The counters as a dict (for logging)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -182,6 +182,60 @@ class StalenessTracker:
         self.row_state.reset()
         self.row_state.set_changes(unique, change.clamp_min(0.0))
         return True
+
+    # ---- checkpointing (local, no collective) -------------------------------------------------
+    def layout(self) -> List[Tuple[Any, ...]]:
+        """This rank's shards as plain tuples: equal layouts mean the local state carries over."""
+        return [
+            (u.table, u.feature, u.sharding_type, u.row_offset, u.col_offset, u.rows, u.cols)
+            for u in self.units
+        ]
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Global hot set plus this rank's per-shard counts, hot rows and snapshots (on CPU)."""
+
+        def cpu(t: Any) -> Any:
+            return None if t is None else t.detach().cpu().clone()
+
+        return {
+            "layout": self.layout(),
+            "snapshots_taken": self.snapshots_taken,
+            "hot_keys": self.hot_keys.clone(),
+            "units": [
+                {"counts": cpu(u.counts), "hot_rows": cpu(u.hot_rows), "snapshot": cpu(u.snapshot)}
+                for u in self.units
+            ],
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> bool:
+        """Restore; returns whether the per-shard state was restored exactly.
+
+        With the same shard layout everything is restored. With another one (a different world
+        size or sharding plan) only the global hot set carries over: each shard re-derives its
+        hot rows from it and takes its next snapshot as a fresh baseline, so the stale set stays
+        as saved until the snapshot after that; counts of an unfinished counting phase restart.
+        """
+        self.snapshots_taken = int(state["snapshots_taken"])
+        self.hot_keys = state["hot_keys"].clone()
+        same = [tuple(x) for x in state["layout"]] == self.layout()
+        hot = self.hot_keys
+        for i, unit in enumerate(self.units):
+            dev = unit.weights.device
+            if same:
+                saved = state["units"][i]
+                unit.counts = None if saved["counts"] is None else saved["counts"].to(dev)
+                unit.hot_rows = None if saved["hot_rows"] is None else saved["hot_rows"].to(dev)
+                unit.snapshot = None if saved["snapshot"] is None else saved["snapshot"].to(dev)
+                continue
+            unit.counts, unit.snapshot = None, None
+            if not hot.numel():
+                unit.hot_rows = None
+                continue
+            f = self._feature_idx[unit.feature]
+            first = int(self.index.offsets[f]) + unit.row_offset
+            mine = hot[(hot >= first) & (hot < first + unit.rows)] - first
+            unit.hot_rows = mine.to(dev)
+        return same
 
     def hot_rows_per_table(self) -> Dict[str, int]:
         """Distinct hot rows per table (same on every rank)."""
