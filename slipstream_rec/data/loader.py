@@ -7,7 +7,15 @@ Directory layout (written by ``slipstream_rec.data.synthetic``)::
     {split}_sparse.npy        # (N, 26) int32, ids in [0, num_embeddings_per_feature[f])
     {split}_labels.npy        # (N, 1)  int32, 0/1
 
-for split in train / val / test.
+for split in train / val / test. Multi-valued (multi-hot) features, listed in meta.json's
+``multi_hot_feature_names`` (format_version 2; written by slipstream-data), are not columns of
+``{split}_sparse.npy`` (which then holds the other features, in sparse_feature_names order)
+but a ragged pair per feature::
+
+    {split}_{feature}_values.npy   # (nnz,)  int32 ids of all rows, back to back
+    {split}_{feature}_offsets.npy  # (N + 1,) int64, row i's ids are values[offsets[i]:offsets[i+1]]
+
+A dataset without multi-hot features is format_version 1, TorchRec's own layout.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ logger = logging.getLogger("slipstream_rec.data")
 
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
+FORMAT_VERSIONS = (1, 2)  # 2: with multi_hot_feature_names (ragged files)
 SPLITS = ("train", "val", "test")
 
 _EXPECTED = {  # kind -> dtype of {split}_{kind}.npy
@@ -56,10 +65,18 @@ class DatasetMeta:
     teacher_auc: Optional[float] = None  # Bayes AUC of the generating teacher on val (synthetic)
     ctr: Dict[str, float] = field(default_factory=dict)  # observed mean label per split
     generator: Optional[Dict[str, Any]] = None  # how the data was made (name, config, hash)
+    # Features stored as ragged values/offsets pairs (several ids per row); format_version 2.
+    multi_hot_feature_names: List[str] = field(default_factory=list)
 
     @property
     def num_sparse(self) -> int:
         return len(self.sparse_feature_names)
+
+    @property
+    def one_hot_feature_names(self) -> List[str]:
+        """The features that are columns of {split}_sparse.npy, in column order."""
+        multi = set(self.multi_hot_feature_names)
+        return [f for f in self.sparse_feature_names if f not in multi]
 
     @property
     def splits(self) -> List[str]:
@@ -109,9 +126,9 @@ def load_meta(path: Union[str, Path], *, check_files: bool = True) -> DatasetMet
     missing = [k for k in required if k not in raw]
     if missing:
         raise _meta_error(path, f"lacks the key(s) {missing}")
-    if raw["format_version"] != FORMAT_VERSION:
+    if raw["format_version"] not in FORMAT_VERSIONS:
         raise _meta_error(
-            path, f"has format_version {raw['format_version']!r}, expected {FORMAT_VERSION}"
+            path, f"has format_version {raw['format_version']!r}, expected one of {FORMAT_VERSIONS}"
         )
     meta = DatasetMeta(
         path=path,
@@ -124,7 +141,13 @@ def load_meta(path: Union[str, Path], *, check_files: bool = True) -> DatasetMet
         teacher_auc=None if raw.get("teacher_auc") is None else float(raw["teacher_auc"]),
         ctr={str(k): float(v) for k, v in dict(raw.get("ctr") or {}).items()},
         generator=raw.get("generator"),
+        multi_hot_feature_names=[str(k) for k in raw.get("multi_hot_feature_names") or []],
     )
+    unknown = sorted(set(meta.multi_hot_feature_names) - set(meta.sparse_feature_names))
+    if unknown:
+        raise _meta_error(path, f"lists multi_hot_feature_names {unknown} that are not in sparse_feature_names")
+    if meta.multi_hot_feature_names and meta.format_version < 2:
+        raise _meta_error(path, "lists multi_hot_feature_names but has format_version 1 (needs 2)")
     if len(meta.num_embeddings_per_feature) != meta.num_sparse:
         raise _meta_error(
             path,
@@ -148,7 +171,12 @@ def load_meta(path: Union[str, Path], *, check_files: bool = True) -> DatasetMet
 
 
 def _check_split_files(meta: DatasetMeta, split: str) -> None:
-    columns = {"dense": meta.num_dense, "sparse": meta.num_sparse, "labels": 1}
+    if meta.rows[split] == 0:
+        raise ValueError(
+            f"{meta.path / META_FILE} says split {split!r} has 0 rows: an empty dataset cannot be "
+            f"trained or evaluated. Fix: regenerate the dataset with rows in every split."
+        )
+    columns = {"dense": meta.num_dense, "sparse": len(meta.one_hot_feature_names), "labels": 1}
     counts = {}
     for kind, dtype in _EXPECTED.items():
         f = split_file(meta.path, split, kind)
@@ -182,6 +210,68 @@ def _check_split_files(meta: DatasetMeta, split: str) -> None:
             f"{split_file(meta.path, split, 'dense')} has {counts['dense']}. Fix: correct rows "
             f"in meta.json or regenerate the dataset."
         )
+    for feature in meta.multi_hot_feature_names:
+        _check_multi_hot_files(meta, split, feature)
+
+
+def multi_hot_files(path: Union[str, Path], split: str, feature: str) -> tuple[Path, Path]:
+    """``({split}_{feature}_values.npy, {split}_{feature}_offsets.npy)`` of a multi-hot feature."""
+    return Path(path) / f"{split}_{feature}_values.npy", Path(path) / f"{split}_{feature}_offsets.npy"
+
+
+def _check_multi_hot_files(meta: DatasetMeta, split: str, feature: str) -> None:
+    n = meta.rows[split]
+    values_f, offsets_f = multi_hot_files(meta.path, split, feature)
+    arrays = {}
+    for f, dtype in ((values_f, np.dtype(np.int32)), (offsets_f, np.dtype(np.int64))):
+        if not f.is_file():
+            raise FileNotFoundError(
+                f"{f} is missing (meta.json lists {feature!r} as a multi-hot feature of split "
+                f"{split!r}). Fix: reconvert the dataset with slipstream-data."
+            )
+        try:
+            arr = np.load(f, mmap_mode="r")
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"{f} is not a readable .npy file ({e}). Fix: reconvert it.") from e
+        if arr.dtype != dtype or arr.ndim != 1:
+            raise ValueError(
+                f"{f} has dtype {arr.dtype} and shape {arr.shape}, expected dtype {dtype} and "
+                f"shape (M,). Fix: reconvert the dataset with slipstream-data."
+            )
+        arrays[f] = arr
+    offsets, values = arrays[offsets_f], arrays[values_f]
+    if offsets.shape[0] != n + 1:
+        raise ValueError(
+            f"{offsets_f} has {offsets.shape[0]} entries, expected rows + 1 = {n + 1} (split "
+            f"{split!r} has {n} rows). Fix: the file is truncated or belongs to another split; "
+            f"reconvert the dataset."
+        )
+    if int(offsets[0]) != 0 or int(offsets[-1]) != values.shape[0]:  # monotonic: NpyBatchLoader
+        raise ValueError(
+            f"{offsets_f}: offsets must start at 0, never decrease and end at the length of "
+            f"{values_f.name} ({values.shape[0]}); they start at {int(offsets[0])} and end at "
+            f"{int(offsets[-1])}. Fix: the files are truncated or mismatched; reconvert the dataset."
+        )
+
+
+def _check_ids(
+    ids: np.ndarray, size: int, feature: str, file: Path, first_row: int,
+    offsets: Optional[np.ndarray] = None,
+) -> None:
+    """Every id in [0, size); else an error naming the file, row, feature and table size.
+
+    ``offsets`` (multi-hot): ``ids`` are the values of consecutive rows split by offsets.
+    """
+    if ids.size == 0 or (int(ids.min()) >= 0 and int(ids.max()) < size):
+        return
+    pos = int(np.flatnonzero((np.asarray(ids) < 0) | (np.asarray(ids) >= size))[0])
+    row = pos if offsets is None else int(np.searchsorted(offsets, pos, side="right")) - 1
+    raise ValueError(
+        f"{file}: row {first_row + row}, feature {feature!r}: id {int(ids[pos])} is outside its "
+        f"table [0, {size}) (num_embeddings_per_feature = {size}; TorchRec would silently clamp "
+        f"it to row 0). Fix: correct num_embeddings_per_feature in meta.json or remap the ids "
+        f"(slipstream-data encodes them within range)."
+    )
 
 
 def rank_rows(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -297,27 +387,37 @@ class NpyBatchLoader:
         if not self.mmap:
             # Read this rank's rows into memory once (np.array copies out of the mmap).
             dense, sparse, labels = np.array(dense), np.array(sparse), np.array(labels)
-        if self.num_local_rows > 0:
-            # Out-of-range ids would become device-side asserts deep inside FBGEMM; check here.
-            bad = (sparse.min(axis=0) < 0) | (
-                sparse.max(axis=0) >= np.asarray(self.meta.num_embeddings_per_feature)
-            )
-            if bad.any():
-                f = int(np.flatnonzero(bad)[0])
+        sizes = dict(zip(self.meta.sparse_feature_names, self.meta.num_embeddings_per_feature))
+        # Out-of-range ids would be clamped to row 0 (or become device-side asserts) deep inside
+        # FBGEMM, corrupting training without a word: every id is checked here, once.
+        for j, f in enumerate(self.meta.one_hot_feature_names):
+            _check_ids(sparse[:, j], sizes[f], f, split_file(self.path, self.split, "sparse"), lo)
+        # Multi-hot features: this rank's offsets (rebased to 0, in memory) and values.
+        self._multi: Dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for f in self.meta.multi_hot_feature_names:
+            values_f, offsets_f = multi_hot_files(self.path, self.split, f)
+            offsets = np.array(np.load(offsets_f, mmap_mode="r")[lo : hi + 1], dtype=np.int64)
+            dec = np.flatnonzero(np.diff(offsets) < 0)
+            if dec.size:
                 raise ValueError(
-                    f"{split_file(self.path, self.split, 'sparse')}: feature "
-                    f"{self.keys[f]!r} has ids outside [0, {self.meta.num_embeddings_per_feature[f]}) "
-                    f"in rows [{lo}, {hi}). Fix: correct num_embeddings_per_feature in meta.json "
-                    f"or remap the ids."
+                    f"{offsets_f}: offsets decrease at row {lo + int(dec[0])} (a corrupt or "
+                    f"truncated file). Fix: reconvert the dataset with slipstream-data."
                 )
+            values = np.load(values_f, mmap_mode="r")[int(offsets[0]) : int(offsets[-1])]
+            if not self.mmap:
+                values = np.array(values)
+            offsets -= offsets[0]
+            _check_ids(values, sizes[f], f, values_f, lo, offsets)
+            self._multi[f] = (offsets, values)
         self._dense, self._sparse, self._labels = dense, sparse, labels
+        self._columns = {f: j for j, f in enumerate(self.meta.one_hot_feature_names)}
 
     def _batch_from_rows(self, rows: Union[slice, np.ndarray]) -> Batch:
         """``rows``: local row indices (slice or sorted int64 array) of one batch.
 
         numpy gathers on the row-major arrays are the fastest path measured (faster than torch
         index_select on a feature-major copy); the one (B, F) -> feature-major int64 copy is what
-        the KJT needs anyway.
+        the KJT needs anyway. Multi-hot features add their bags with their real lengths.
         """
         if isinstance(rows, slice):
             dense = np.array(self._dense[rows])
@@ -328,11 +428,30 @@ class NpyBatchLoader:
             sparse = self._sparse.take(rows, axis=0)
             labels = self._labels.take(rows, axis=0)
         b = int(labels.shape[0])
-        values = sparse.T.astype(np.int64, order="C").reshape(-1)  # feature-major, as KJT wants
+        if not self._multi:
+            values = sparse.T.astype(np.int64, order="C").reshape(-1)  # feature-major, as KJT wants
+            lengths = torch.ones(b * len(self.keys), dtype=torch.int32)
+        else:
+            idx = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows)
+            parts, lens = [], []
+            for f in self.keys:
+                if f in self._multi:
+                    offsets, vals = self._multi[f]
+                    starts = offsets[idx]
+                    n_f = offsets[idx + 1] - starts
+                    total = int(n_f.sum())
+                    pos = np.repeat(starts - (np.cumsum(n_f) - n_f), n_f) + np.arange(total)
+                    parts.append(np.asarray(vals[pos], dtype=np.int64))
+                    lens.append(n_f.astype(np.int32))
+                else:
+                    parts.append(sparse[:, self._columns[f]].astype(np.int64))
+                    lens.append(np.ones(b, dtype=np.int32))
+            values = np.concatenate(parts)
+            lengths = torch.from_numpy(np.concatenate(lens))
         kjt = KeyedJaggedTensor(
             keys=self.keys,
             values=torch.from_numpy(values),
-            lengths=torch.ones(b * len(self.keys), dtype=torch.int32),
+            lengths=lengths,
             stride=b,
         )
         return Batch(
@@ -391,5 +510,5 @@ class NpyBatchLoader:
 
 __all__ = [
     "Batch", "DatasetMeta", "NpyBatchLoader", "load_meta", "num_batches_for",
-    "rank_rows", "split_file", "FORMAT_VERSION", "META_FILE", "SPLITS",
+    "rank_rows", "split_file", "multi_hot_files", "FORMAT_VERSION", "META_FILE", "SPLITS",
 ]  # fmt: skip

@@ -1,0 +1,156 @@
+"""Criteo's raw TSV (Kaggle's train.txt, Terabyte's day_0..day_23; plain or .gz) as a Source.
+
+A line is ``label \\t I1..I13 \\t C1..C26``: label 0/1, 13 integer counts (may be negative,
+empty = missing), 26 categorical values as hex (usually 8 digits of a 32-bit hash, empty =
+missing). Parsing is vectorised over a whole chunk with numpy (field boundaries from the tab
+positions, digits through lookup tables), so no Python code runs per row.
+
+As in the DLRM reference: a missing integer is 0 and dense features are log(max(x, 0) + 1);
+a categorical value's key is its hex value (missing: -1 -> id 0; see data/vocab.py).
+
+Malformed lines (reasons, as counted in meta.json): ``wrong column count`` (not 40 fields),
+``bad label`` (not 0/1), ``non-numeric dense value``, ``bad hex categorical value`` (a non-hex
+character or more than 16 digits).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
+
+from slipstream_rec.data.config import CriteoConfig, NUM_DENSE, NUM_SPARSE
+from slipstream_rec.data.convert import ParsedChunk, Source, check_split, encodings_for
+from slipstream_rec.data.rawfiles import DEFAULT_CHUNK_BYTES, count_lines, file_sizes, iter_text_chunks
+
+__all__ = ["CriteoSource", "parse_criteo_lines", "SPARSE_NAMES", "DENSE_NAMES"]
+
+SPARSE_NAMES = [f"cat_{i}" for i in range(NUM_SPARSE)]
+DENSE_NAMES = [f"int_{i}" for i in range(NUM_DENSE)]
+NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
+
+_DEC = np.full(256, 255, dtype=np.uint8)
+_DEC[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint8)
+_HEX = _DEC.copy()
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+_MAX_DEC_DIGITS = 18  # fits int64
+_MAX_HEX_DIGITS = 15  # keys stay positive int64
+
+
+def _digits(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, table: np.ndarray, base: int):
+    """Horner over the characters of each field; returns (value int64, ok bool)."""
+    value = np.zeros(starts.shape, dtype=np.int64)
+    ok = np.ones(starts.shape, dtype=bool)
+    width = int(lengths.max()) if lengths.size else 0
+    last = buf.size - 1
+    for k in range(width):
+        m = k < lengths
+        d = table[buf[np.minimum(starts + k, last)]]
+        ok &= ~m | (d != 255)
+        np.copyto(value, value * base + d.astype(np.int64), where=m)
+    return value, ok
+
+
+def parse_criteo_lines(data: bytes, file_index: int, first_line: int):
+    """Parse complete lines; returns (lines, labels, dense, keys (n, 26), bad: reason -> lines)."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    nl = np.flatnonzero(buf == 10)
+    n = nl.size
+    starts = np.empty(n, dtype=np.int64)
+    starts[:1] = 0
+    starts[1:] = nl[:-1] + 1
+    ends = nl.astype(np.int64)
+    cr = (ends > starts) & (buf[np.maximum(ends - 1, 0)] == 13)
+    ends[cr] -= 1
+    tabs = np.flatnonzero(buf == 9)
+    first_tab = np.searchsorted(tabs, starts)
+    ntabs = np.searchsorted(tabs, ends) - first_tab
+    line_no = first_line + np.arange(n, dtype=np.int64)
+    bad: Dict[str, np.ndarray] = {}
+    good = ntabs == NUM_FIELDS - 1
+    bad["wrong column count"] = line_no[~good]
+    g_idx = np.flatnonzero(good)
+    t = tabs[first_tab[g_idx, None] + np.arange(NUM_FIELDS - 1)]
+    fs = np.concatenate([starts[g_idx, None], t + 1], axis=1)
+    fe = np.concatenate([t, ends[g_idx, None]], axis=1)
+    flen = fe - fs
+    last = max(buf.size - 1, 0)
+
+    lab_char = buf[np.minimum(fs[:, 0], last)]
+    ok_label = (flen[:, 0] == 1) & ((lab_char == 48) | (lab_char == 49))
+    labels = (lab_char == 49).astype(np.int32)
+
+    ds, dl = fs[:, 1 : 1 + NUM_DENSE], flen[:, 1 : 1 + NUM_DENSE]
+    neg = (dl > 0) & (buf[np.minimum(ds, last)] == 45)
+    ds, dl = ds + neg, dl - neg
+    dval, dok = _digits(buf, ds, dl, _DEC, 10)
+    dok &= ~(neg & (dl == 0)) & (dl <= _MAX_DEC_DIGITS)
+    ok_dense = dok.all(axis=1)
+
+    cs, cl = fs[:, 1 + NUM_DENSE :], flen[:, 1 + NUM_DENSE :]
+    cval, cok = _digits(buf, cs, cl, _HEX, 16)
+    cok &= cl <= _MAX_HEX_DIGITS
+    ok_hex = cok.all(axis=1)
+
+    bad["bad label"] = line_no[g_idx[~ok_label]]
+    bad["non-numeric dense value"] = line_no[g_idx[ok_label & ~ok_dense]]
+    bad["bad hex categorical value"] = line_no[g_idx[ok_label & ok_dense & ~ok_hex]]
+    keep = ok_label & ok_dense & ok_hex
+    dval = np.where(neg, -dval, dval)[keep]
+    dense = np.log1p(np.maximum(dval, 0).astype(np.float64)).astype(np.float32)
+    keys = np.where(cl == 0, -1, cval)[keep]
+    return line_no[g_idx[keep]], labels[keep], dense, keys, bad
+
+
+class CriteoSource(Source):
+    name = "criteo"
+    progress_unit = "B"
+
+    def __init__(self, cfg: CriteoConfig, key: str = "data.criteo", chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        super().__init__()
+        if not cfg.inputs:
+            raise ValueError(
+                f"{key}.inputs is empty. Fix: {key}.inputs=[/path/train.txt] (Kaggle) or the "
+                f"Terabyte days, e.g. {key}.inputs=[/data/day_0.gz,...,/data/day_22.gz]."
+            )
+        check_split(cfg.split, f"{key}.split", has_eval_inputs=bool(cfg.eval_inputs), time_column=False)
+        self.cfg = cfg
+        self.paths = [str(p) for p in list(cfg.inputs) + list(cfg.eval_inputs)]
+        self.sizes = file_sizes(self.paths)
+        self.num_train_files = len(cfg.inputs)
+        self.dense_names = list(DENSE_NAMES)
+        self.onehot = encodings_for(SPARSE_NAMES, cfg.encoding, dict(cfg.feature_encoding), key)
+        self.multihot = []
+        self.split = cfg.split
+        self.chunk_bytes = chunk_bytes
+
+    def chunks(self, start: Optional[Dict[str, int]]) -> Iterator[ParsedChunk]:
+        for c in iter_text_chunks(self.paths, start, self.chunk_bytes):
+            lines, labels, dense, keys, bad = parse_criteo_lines(c.data, c.file_index, c.first_line)
+            yield ParsedChunk(
+                file_index=c.file_index,
+                lines=lines,
+                labels=labels,
+                dense=dense,
+                keys=[keys[:, f] for f in range(NUM_SPARSE)],
+                multi=[],
+                end=c.end,
+                progress=c.progress,
+                bad=bad,
+            )
+
+    def count_lines(self, file_index: int) -> int:
+        return count_lines(self.paths[file_index])
+
+    def progress_total(self) -> int:
+        return sum(self.sizes)
+
+    def describe(self) -> Dict[str, Any]:
+        from dataclasses import asdict
+
+        d = asdict(self.cfg)
+        d["input_sizes"] = self.sizes
+        d["inputs"] = [str(p) for p in self.cfg.inputs]
+        d["eval_inputs"] = [str(p) for p in self.cfg.eval_inputs]
+        return d
