@@ -63,16 +63,17 @@ class ParsedChunk:
     """The good rows of one chunk of one input file, parsed but not yet encoded."""
 
     file_index: int  # input file the rows come from
-    lines: np.ndarray  # (n,) int64 0-based line (or row) number in that file of each good row
+    lines: np.ndarray  # (n,) int64 0-based row number in that file of each good row
     labels: np.ndarray  # (n,) int32, 0 or 1
     dense: np.ndarray  # (n, num_dense) float32, already transformed
     keys: List[np.ndarray]  # per one-hot feature: (n,) int64 raw keys, -1 = missing
     multi: List[Tuple[np.ndarray, np.ndarray]]  # per multi-hot feature: (values int64, lengths (n,))
     end: Dict[str, int]  # input position after this chunk (resume point)
     progress: int  # progress units consumed so far (bytes or rows)
-    # reason -> 0-based line numbers (in file_index) of the rows that were malformed
+    # reason -> 0-based row numbers (in file_index) of the rows that were malformed
     bad: Dict[str, np.ndarray] = field(default_factory=dict)
     time: Optional[np.ndarray] = None  # (n,) float64 timestamps (split method "time")
+    line_offset: int = 0  # 0-based file line of row 0 (1 for a CSV header), for messages
 
 
 class Source:
@@ -194,12 +195,11 @@ class _Progress:
 
 
 def _bad_rows(source: Source, chunk: ParsedChunk, policy: str, counts: Dict[str, int]) -> None:
-    for reason, lines in chunk.bad.items():
-        if lines.size == 0:
-            continue
+    found = [(int(lines.min()), reason, lines) for reason, lines in chunk.bad.items() if lines.size]
+    for _, reason, lines in sorted(found, key=lambda x: x[0]):  # the first bad row of the chunk
         if policy == "error":
             raise BadRowsError(
-                f"{source.paths[chunk.file_index]}, line {int(lines.min()) + 1}: {reason} "
+                f"{source.paths[chunk.file_index]}, line {int(lines.min()) + chunk.line_offset + 1}: {reason} "
                 f"({lines.size} such row(s) in this chunk). Fix: correct the input, or set "
                 f"data.bad_rows=skip to drop malformed rows (they are counted and reported)."
             )
@@ -263,8 +263,11 @@ class _Run:
             if sample.size == 0:
                 raise ValueError(f"{src.paths}: no rows found. Fix: check the inputs (an empty dataset cannot be trained).")
             sample.sort()
-            out["test_cut"] = float(sample[min(sample.size - 1, int(math.ceil((1 - cfg.test_fraction) * sample.size)))])
-            out["val_cut"] = float(sample[min(sample.size - 1, int(math.ceil((1 - cfg.test_fraction - cfg.val_fraction) * sample.size)))])
+            def cut(fraction_before: float) -> float:  # the 1e-9 keeps 0.7 * 4000 at 2800
+                return float(sample[min(sample.size - 1, int(math.ceil(fraction_before * sample.size - 1e-9)))])
+
+            out["test_cut"] = cut(1 - cfg.test_fraction)
+            out["val_cut"] = cut(1 - cfg.test_fraction - cfg.val_fraction)
         self.save(stage="count", scan=out, position=None)
         return out
 

@@ -189,12 +189,15 @@ class TabularSource(Source):
             names = self.columns[c.file_index]
             width = len(names)
             n = len(rows)
-            line_no = line0 + np.arange(n, dtype=np.int64)
+            header = int(self.cfg.header)  # rows are numbered from 0 after the header line
+            line_no = line0 - header + np.arange(n, dtype=np.int64)
             ok_width = np.array([len(r) == width for r in rows], dtype=bool)
             good = [r for r, ok in zip(rows, ok_width) if ok]
             table = np.array(good, dtype=str).reshape(len(good), width) if good else np.empty((0, width), dtype=str)
             cols = {name: table[:, i] for i, name in enumerate(names)}
-            yield self._parse(cols, c.file_index, line_no[ok_width], {"wrong column count": line_no[~ok_width]}, c.end, c.progress)
+            chunk = self._parse(cols, c.file_index, line_no[ok_width], {"wrong column count": line_no[~ok_width]}, c.end, c.progress)
+            chunk.line_offset = header
+            yield chunk
 
     def _parquet_chunks(self, start: Optional[Dict[str, int]]) -> Iterator[ParsedChunk]:
         pa, pc, pq = _parquet()
@@ -282,7 +285,7 @@ class TabularSource(Source):
         if self.format == "parquet":
             _, _, pq = _parquet()
             return int(pq.ParquetFile(self.paths[file_index]).metadata.num_rows)
-        return count_lines(self.paths[file_index])  # with the header: rows are numbered by line
+        return count_lines(self.paths[file_index]) - int(self.cfg.header)
 
     def progress_total(self) -> int:
         if self.format == "parquet":
