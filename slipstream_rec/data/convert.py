@@ -303,6 +303,7 @@ class _Run:
                     self.save(position=chunk.end, count_bad=bad)
                     last = time.monotonic()
             bar.close()
+            logger.info("convert: value counts of %s done", vocab_feats if len(vocab_feats) < 5 else f"{len(vocab_feats)} features")
         vocab = Vocabulary.from_counts(encodings, counter)
         vocab.save(self.work)
         self.save(stage="encode", position=None, parts=None)
