@@ -6,7 +6,7 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -79,11 +79,41 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
             backend=backend,
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=dev if dev.type == "cuda" else None,
+            **_attempt_store(rank, world_size, timeout_s),
         )
         if backend == "nccl":
             # Collective: every rank creates it, right after the default group.
             _CPU_GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
     return DistEnv(rank, local_rank, world_size, local_world_size, dev, backend)
+
+
+def _attempt_store(rank: int, world_size: int, timeout_s: float) -> Dict[str, Any]:
+    """``init_process_group`` arguments that scope this restart attempt's keys, when needed.
+
+    torchrun (c10d rendezvous, torch 2.13) shares its TCPStore with the workers and keeps it
+    across restarts (``TORCHELASTIC_USE_AGENT_STORE=True``). A restarted attempt then reads the
+    dead attempt's keys, e.g. gloo peer addresses, and fails with "Connection refused" or hangs
+    (measured here; pytorch/pytorch#135712). The workers of one node share one restart count, so
+    a per-attempt prefix fixes restarts on one node. Across nodes the counts can differ after an
+    elastic membership change: multi-node jobs with restarts should also set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for torchrun (the TorchX component does), which
+    gives every attempt a fresh store.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return {
+        "store": dist.PrefixStore(f"slipstream/attempt_{attempt}", store),
+        "rank": rank,
+        "world_size": world_size,
+    }
 
 
 def _free_port() -> int:
@@ -162,6 +192,33 @@ def all_gather_objects(obj: Any) -> List[Any]:
     out: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj, group=_CPU_GROUP)
     return out
+
+
+_TIMEOUT_MARKS = ("timed out", "timeout", "watchdog")
+_PEER_MARKS = ("connection closed by peer", "connection reset", "broken pipe", "connection refused")
+
+
+def explain_collective_failure(error: BaseException, timeout_s: float) -> Optional[str]:
+    """A readable account of a collective that failed because another rank is gone or stuck,
+    or None for any other error."""
+    if not isinstance(error, RuntimeError):
+        return None
+    text = str(error).lower()
+    rank = os.environ.get("RANK", "?")
+    if any(mark in text for mark in _PEER_MARKS):
+        return (
+            f"rank {rank} lost its connection to another rank during a collective: that rank "
+            "died (see its log). Under torchrun --max-restarts / TorchX max_retries the job "
+            "restarts and resumes from its newest checkpoint (trainer.resume=auto)."
+        )
+    if any(mark in text for mark in _TIMEOUT_MARKS):
+        return (
+            f"rank {rank}: a collective waited longer than trainer.collective_timeout_s={timeout_s:g} s "
+            "for another rank, which is stuck or gone (see the other ranks' logs). Fix: find "
+            "what stalled it; if steps, evaluations or checkpoints legitimately take longer, "
+            "raise trainer.collective_timeout_s."
+        )
+    return None
 
 
 def close_distributed() -> None:

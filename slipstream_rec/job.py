@@ -15,6 +15,7 @@ from typing import Any, Dict
 import torch
 import torch.distributed as dist
 
+from slipstream_rec.checkpoint.manager import Checkpointer
 from slipstream_rec.config import JobConfig, config_hash, to_yaml
 from slipstream_rec.data.loader import NpyBatchLoader, load_meta
 from slipstream_rec.data.synthetic import ensure_dataset
@@ -42,6 +43,13 @@ def prepare_run_dir(job: JobConfig, env: DistEnv) -> Path:
     )
     # Plain torchrun without --rdzv-id gives every job the run id "none", and timestamps differ
     # between ranks: rank 0's choice is the one every rank uses.
+    if env.is_rank0 and run_id in ("", "none") and not job.trainer.run_dir:
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
+            logger.warning(
+                "torchrun --max-restarts without --rdzv-id/--standalone and without "
+                "trainer.run_dir: a restarted attempt gets a new timestamped run directory and "
+                "cannot find this attempt's checkpoints. Fix: set trainer.run_dir (or --rdzv-id)"
+            )
     run_dir = Path(broadcast_object(job.trainer.run_dir or default))
     hashes = all_gather_objects(config_hash(job))
     if len(set(hashes)) != 1:
@@ -90,6 +98,16 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
     )
     dmp = shard_model(model, job.sharding, tables, env.device, tr.batch_size)
     optimizer, scheduler = build_optimizer(dmp, job.optim)
+    plan = describe_plan(dmp)
+    checkpointer = Checkpointer(
+        tr.checkpoint,
+        Path(tr.checkpoint.dir) if tr.checkpoint.dir else run_dir / "checkpoints",
+        env,
+        dmp,
+        optimizer,
+        meta={"sharding_plan": plan, "config_hash": config_hash(job)},
+    )
+    resume = checkpointer.find(tr.resume)  # all ranks
 
     def loader(split: str, train: bool) -> NpyBatchLoader:
         return NpyBatchLoader(
@@ -117,7 +135,10 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         rank=env.rank,
     )
     total_steps = planned_steps(tr, len(train_loader))
-    log = MetricLog(run_dir, env.is_rank0, tr.tensorboard, tr.progress_bar, total_steps)
+    log = MetricLog(
+        run_dir, env.is_rank0, tr.tensorboard, tr.progress_bar, total_steps,
+        resume_step=resume.step if resume is not None else None,
+    )  # fmt: skip
     trainer = Trainer(
         tr,
         env,
@@ -129,9 +150,19 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         loader("test", False) if tr.test_at_end else None,
         log,
         slipstream,
+        checkpointer,
     )
     try:
-        plan = describe_plan(dmp)
+        if resume is not None:
+            restored = trainer.load_state_dict(checkpointer.load(resume))  # all ranks
+            trainer.resumed_from = {"path": str(resume.path), "step": resume.step, **restored}
+            log.log("resume", resume.step, trainer.resumed_from)
+            log.write(
+                f"resumed from {resume.path} (step {resume.step}, written by "
+                f"{resume.world_size} rank(s)); exact data position: "
+                f"{restored['data_position_exact']}, exact Slipstream tracking: "
+                f"{restored['slipstream_tracking_exact']}"
+            )
         log.write(
             f"run_dir={run_dir} world_size={env.world_size} device={env.device} "
             f"backend={env.backend} steps={total_steps} "
@@ -139,6 +170,8 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
             f"sharding={sorted(set(plan.values()))} policy={job.slipstream.policy.value}"
         )
         trainer.fit()
+        if tr.checkpoint.enabled and tr.checkpoint.at_end:
+            trainer.save_checkpoint()  # all ranks
         metrics = trainer.finish()
     finally:
         log.close()

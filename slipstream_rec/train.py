@@ -86,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(to_yaml(job), end="")
         return 0
 
-    from slipstream_rec.distributed import close_distributed, init_distributed
+    from slipstream_rec.distributed import close_distributed, explain_collective_failure, init_distributed
     from slipstream_rec.job import run
 
     try:
@@ -96,6 +96,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         # Bad values found where they are used (they name the key and the fix).
         print(f"slipstream-train: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        explanation = explain_collective_failure(e, job.trainer.collective_timeout_s)
+        if explanation is None:
+            raise
+        print(f"slipstream-train: error: {explanation}\n  ({str(e).strip()[:500]})", file=sys.stderr)
+        return 3
     finally:
         close_distributed()
     return 0

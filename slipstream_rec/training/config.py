@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional
 
+from slipstream_rec.checkpoint.config import CheckpointConfig
 from slipstream_rec.validation import check_fields
 
 
@@ -46,8 +47,15 @@ class TrainerConfig:
     tensorboard: bool = True
     # Show a tqdm progress bar (rank 0).
     progress_bar: bool = True
-    # Seconds a collective may wait before the job fails instead of hanging.
+    # Seconds a collective may wait before the job fails instead of hanging (a dead or stuck
+    # rank): the surviving ranks exit with an error naming this key, and torchrun restarts them.
     collective_timeout_s: float = 600.0
+    # Where to continue from: "auto" (the newest sound checkpoint of this run directory, or a
+    # fresh start if there is none), "never" (fresh; refuses a directory that has checkpoints),
+    # or a path (one checkpoint directory, or a checkpoints directory: its newest sound one).
+    resume: str = "auto"
+    # Checkpoint saving (when, how many kept, where).
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def validate(self) -> None:
         checks = [
@@ -58,5 +66,7 @@ class TrainerConfig:
             ("eval_batch_size", self.eval_batch_size >= 0, "0 (= batch_size) or positive"),
             ("log_every_steps", self.log_every_steps > 0, "a positive step count"),
             ("collective_timeout_s", self.collective_timeout_s > 0, "positive seconds"),
+            ("resume", bool(self.resume), "auto, never or a checkpoint path"),
         ]
         check_fields("trainer", self, checks)
+        self.checkpoint.validate()

@@ -6,7 +6,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 
 def _jsonable(value: Any) -> Any:
@@ -29,7 +29,11 @@ class MetricLog:
         tensorboard: bool,
         progress_bar: bool,
         total_steps: int,
+        resume_step: Optional[int] = None,
     ) -> None:
+        # resume_step: the run continues from a checkpoint of this step; records of later steps
+        # (written before the interruption, trained again now) are dropped from metrics.jsonl
+        # and TensorBoard so that each step appears once.
         self._enabled = enabled
         self._file = None
         self._tb = None
@@ -37,11 +41,15 @@ class MetricLog:
         self._start = time.time()
         if not enabled:
             return
-        self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        path = run_dir / "metrics.jsonl"
+        if resume_step is not None and path.exists():
+            _truncate_after(path, resume_step)
+        self._file = open(path, "a", buffering=1)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
         if progress_bar:
             from tqdm import tqdm
 
@@ -90,6 +98,22 @@ class MetricLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep the records of steps <= ``step`` (rewritten under a temporary name, then renamed).
+    A line cut short by a crash is dropped too."""
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and int(record.get("step", 0)) <= step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(k + "\n" for k in kept))
+    tmp.replace(path)
 
 
 def write_json_atomic(path: Path, payload: Dict[str, Any]) -> None:

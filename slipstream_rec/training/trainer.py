@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
+from slipstream_rec.checkpoint.manager import Checkpointer
+from slipstream_rec.checkpoint.rng import capture_rng, restore_rng
 from slipstream_rec.distributed import DistEnv, all_reduce_
+from slipstream_rec.slipstream.batch_ops import batch_from_state, batch_to_state
 from slipstream_rec.slipstream.controller import SlipstreamController
+from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.config import PipelineKind, TrainerConfig
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
@@ -33,6 +39,7 @@ class TrainState:
     train_seconds: float = 0.0  # wall time inside training steps (evaluation excluded)
     data_seconds: float = 0.0  # inside the batch stream's next(): loading, classifying, refilling
     eval_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0  # saving checkpoints (excluded from train_seconds too)
     history: List[Dict[str, Any]] = field(default_factory=list)  # evaluation results
 
 
@@ -97,6 +104,29 @@ def make_pipeline(
     return TimedTrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
 
 
+class InFlight:
+    """The training iterator as the pipeline sees it, remembering the batches it handed out that
+    are not trained yet. TorchRec's pipelines prefetch (TrainPipelineSparseDist holds the next
+    two batches, their input all-to-all already started); a checkpoint saves those batches so a
+    resumed run trains exactly them next, without pulling or classifying them again."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self._batches = batches
+        self.pending: Deque[Any] = deque()
+
+    def __iter__(self) -> "InFlight":
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._batches)
+        self.pending.append(batch)
+        return batch
+
+    def trained_one(self) -> None:
+        """A pipeline step finished: the oldest batch handed out was the one trained."""
+        self.pending.popleft()
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device) -> Dict[str, float]:
     """Exact AUC / log loss over every batch of a split on all ranks. Collective: all ranks enter,
@@ -134,6 +164,7 @@ class Trainer:
         test_loader: Optional[Any],
         log: MetricLog,
         slipstream: SlipstreamController,
+        checkpointer: Optional[Checkpointer] = None,
     ) -> None:
         self.cfg = cfg
         self.env = env
@@ -146,19 +177,36 @@ class Trainer:
         self.log = log
         self.slipstream = slipstream
         self.state = TrainState()
+        self.checkpointer = checkpointer
         self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device)
         self._epoch_start: Optional[float] = None  # perf_counter at the start of the running epoch
-        self._eval_before = 0.0  # eval_seconds at that moment
+        self._paused_before = 0.0  # eval + checkpoint seconds at that moment
+        self._in_flight: Optional[InFlight] = None  # the running epoch's iterator
+        self._resume_position: Optional[Dict[str, Any]] = None  # set by load_state_dict
+        self._last_save_train_s = 0.0  # train seconds at the last checkpoint
+        self._last_save_step = -1
+        self.resumed_from: Optional[Dict[str, Any]] = None
+        self.faults = FaultInjector.from_env(env.rank)
 
     def total_steps(self) -> int:
         """Steps planned; an upper bound when Slipstream skips samples."""
         return planned_steps(self.cfg, len(self.train_loader))
 
-    def _epoch_batches(self, epoch: int, budget: int) -> Iterator[Any]:
+    def _epoch_batches(self, epoch: int, budget: int) -> InFlight:
         """Raw batches -> Slipstream's classify/skip/refill stream (lock-step over ranks) -> at
-        most ``budget`` training steps."""
+        most ``budget`` training steps. A resumed epoch first replays the batches the pipeline
+        had prefetched, then continues the saved stream where its source stopped."""
         self.train_loader.set_epoch(epoch)
-        return self._timed(itertools.islice(self.slipstream.wrap(iter(self.train_loader)), budget))
+        pos, self._resume_position = self._resume_position, None
+        if pos is not None and pos["epoch"] == epoch:
+            replay = [batch_from_state(b) for b in pos["in_flight"]]
+            start = pos["source_batches"]
+            stream = self.slipstream.wrap(self.train_loader.iter_from(start), pos["stream"])
+            batches: Iterator[Any] = itertools.chain(replay, stream)
+        else:
+            batches = self.slipstream.wrap(iter(self.train_loader))
+        self._in_flight = InFlight(self._timed(itertools.islice(batches, budget)))
+        return self._in_flight
 
     def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
         while True:
@@ -174,8 +222,8 @@ class Trainer:
         st = self.state
         if self._epoch_start is None:
             return st.train_seconds
-        running = time.perf_counter() - self._epoch_start - (st.eval_seconds - self._eval_before)
-        return st.train_seconds + running
+        paused = st.eval_seconds + st.checkpoint_seconds - self._paused_before
+        return st.train_seconds + time.perf_counter() - self._epoch_start - paused
 
     def time_breakdown(self) -> Dict[str, float]:
         """Where this rank's training time went (cumulative host seconds; they add up to
@@ -202,20 +250,23 @@ class Trainer:
         st = self.state
         total = self.total_steps()
         global_batch = self.cfg.batch_size * self.env.world_size
-        for epoch in range(self.cfg.epochs):
+        for epoch in range(st.epoch, self.cfg.epochs):
             if st.step >= total:
                 break
             st.epoch = epoch
             batches = self._epoch_batches(epoch, total - st.step)
-            # Wall time of the whole loop, logging included, evaluations excluded: what a user
-            # waits for, measured the same way as the benchmark's plain TorchRec loop.
-            self._epoch_start, self._eval_before = time.perf_counter(), st.eval_seconds
+            # Wall time of the whole loop, logging included, evaluations and checkpoints
+            # excluded: what a user waits for, measured the same way as the benchmark's plain
+            # TorchRec loop.
+            self._epoch_start = time.perf_counter()
+            self._paused_before = st.eval_seconds + st.checkpoint_seconds
             window_start, window_step = self._epoch_start, st.step
             while True:
                 try:
                     loss, _logits, _labels, _weights = self.pipeline.progress(batches)
                 except StopIteration:
                     break
+                batches.trained_one()
                 self.scheduler.step()
                 st.step += 1
                 st.samples_trained += global_batch
@@ -242,11 +293,97 @@ class Trainer:
                 if self.cfg.eval_every_steps and st.step % self.cfg.eval_every_steps == 0:
                     self._evaluate("val", self.val_loader)
                     window_start = time.perf_counter()
+                if self._checkpoint_due(st.step):  # all ranks: a collective decision
+                    self.save_checkpoint()
+                    window_start = time.perf_counter()
+                self.faults.after_step(st.step)
             if self.env.device.type == "cuda":
                 torch.cuda.synchronize(self.env.device)  # count the queued kernels too
             st.train_seconds = self._live_train_seconds()
             self._epoch_start = None
         return st
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def _checkpoint_due(self, step: int) -> bool:
+        """Whether to save after ``step``: every_steps, or every_minutes of training by rank 0's
+        clock. Collective: all ranks enter one MAX all-reduce every check_every_steps steps."""
+        c = self.cfg.checkpoint
+        if self.checkpointer is None or not c.enabled:
+            return False
+        due = bool(c.every_steps) and step % c.every_steps == 0
+        if c.every_minutes and step % c.check_every_steps == 0:
+            late = self._live_train_seconds() - self._last_save_train_s >= 60.0 * c.every_minutes
+            flag = torch.tensor([1.0 if (late and self.env.is_rank0) else 0.0])
+            due = bool(all_reduce_(flag, dist.ReduceOp.MAX).item()) or due  # all ranks
+        return due
+
+    def save_checkpoint(self) -> None:
+        """Save the whole run state now (skipped when this step is already saved). Collective."""
+        if self.checkpointer is None or self._last_save_step == self.state.step:
+            return
+        t0 = time.perf_counter()
+        path = self.checkpointer.save(self.state.step, self.state_dict())
+        self.state.checkpoint_seconds += time.perf_counter() - t0
+        self._last_save_train_s = self._live_train_seconds()
+        self._last_save_step = self.state.step
+        self.log.log(
+            "checkpoint",
+            self.state.step,
+            {"path": str(path), "seconds": round(time.perf_counter() - t0, 3)},
+        )
+
+    def state_dict(self) -> Dict[str, Any]:
+        """This rank's part of a checkpoint, besides model and optimizers (which go through DCP)."""
+        st = dataclasses.asdict(self.state)
+        st["train_seconds"] = self._live_train_seconds()
+        stream = self.slipstream.stream
+        position = {
+            "epoch": self.state.epoch,
+            "batches_per_epoch": len(self.train_loader),
+            "batch_size": self.cfg.batch_size,
+            "stream": stream.state_dict() if stream is not None else None,
+            "source_batches": stream.source_batches_pulled if stream is not None else 0,
+            "in_flight": [batch_to_state(b) for b in (self._in_flight.pending if self._in_flight else [])],
+            "buffered_rows": (stream.buffered_rows() if stream is not None else 0)
+            + sum(int(b.labels.shape[0]) for b in (self._in_flight.pending if self._in_flight else [])),
+        }
+        return {
+            "world_size": self.env.world_size,
+            "trainer": st,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": capture_rng(),
+            "slipstream": self.slipstream.state_dict(),
+            "position": position,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """Continue from a checkpoint's local state; returns what was restored exactly.
+
+        Same world size, batch size and data: the exact data position (the rest of the epoch's
+        stream and the prefetched batches). Otherwise the position is carried over as the
+        fraction of the epoch's rows already pulled, at batch granularity: the rank partitions
+        differ, so in the interrupted epoch some rows are seen twice or not at all.
+        """
+        self.state = TrainState(**state["trainer"])
+        self._last_save_train_s = self.state.train_seconds
+        self._last_save_step = self.state.step
+        self.scheduler.load_state_dict(state["scheduler"])
+        restore_rng(state["rng"])
+        tracking_exact = self.slipstream.load_state_dict(state["slipstream"])
+        pos = state["position"]
+        same_data = (
+            state.get("same_world_size", False)
+            and pos["batch_size"] == self.cfg.batch_size
+            and pos["batches_per_epoch"] == len(self.train_loader)
+        )
+        if same_data:
+            self._resume_position = pos
+        else:
+            rows = pos["batches_per_epoch"] * pos["batch_size"]
+            done = max(0, pos["source_batches"] * pos["batch_size"] - pos["buffered_rows"])
+            start = min(len(self.train_loader), int(len(self.train_loader) * done / max(1, rows)))
+            self._resume_position = {"epoch": pos["epoch"], "source_batches": start, "stream": None, "in_flight": []}
+        return {"data_position_exact": same_data, "slipstream_tracking_exact": tracking_exact}
 
     def _evaluate(self, split: str, loader: Any) -> Dict[str, float]:
         """Pause the pipeline (its in-flight batches are kept), evaluate, resume on next step."""
@@ -285,6 +422,10 @@ class Trainer:
             "samples_trained": st.samples_trained,
             "train_seconds": round(st.train_seconds, 3),
             "eval_seconds": round(st.eval_seconds, 3),
+            "checkpoint_seconds": round(st.checkpoint_seconds, 3),
+            "checkpoints_saved_this_attempt": self.checkpointer.saved if self.checkpointer else 0,
+            "last_checkpoint": str(self.checkpointer.last_path) if self.checkpointer and self.checkpointer.last_path else None,
+            "resumed_from": self.resumed_from,
             "samples_per_second": st.samples_trained / st.train_seconds if st.train_seconds else 0.0,
             "val_auc": val["auc"],
             "val_logloss": val["logloss"],

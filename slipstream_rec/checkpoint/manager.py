@@ -1,0 +1,174 @@
+"""Saving and restoring a run: sharded model and optimizers through torch.distributed.checkpoint
+(DCP), everything else as one small file per rank, published atomically (see ``store.py``).
+
+What is where:
+- DCP (``.metadata`` + ``__<rank>_0.distcp``): ``model.state_dict()`` (embedding shards as
+  ShardedTensors, dense weights) and ``optimizer.state_dict()`` (the fused TBE optimizer's
+  per-row state as ShardedTensors, the dense and data-parallel optimizers' state). DCP stores each
+  shard with its global offsets, so a checkpoint loads into another world size or sharding plan.
+- ``rank<r>.pt``: what the trainer hands in (``TrainState``, LR schedule, RNG states, Slipstream
+  state, the data position with the batches the pipeline had prefetched). Plain tensors and
+  Python values, read back with ``torch.load(weights_only=True)``.
+
+``save`` and ``find`` and ``load`` are collectives: every rank enters them at the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from slipstream_rec.checkpoint.config import CheckpointConfig
+from slipstream_rec.checkpoint.store import CheckpointInfo, CheckpointStore, resolve
+from slipstream_rec.distributed import DistEnv, broadcast_object, cpu_group
+
+logger = logging.getLogger(__name__)
+
+LOCAL_STATE_FORMAT = 1
+
+
+def rank_file(path: Path, rank: int) -> Path:
+    return Path(path) / f"rank{rank}.pt"
+
+
+class Checkpointer:
+    """One per run, on every rank."""
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        root: Path,
+        env: DistEnv,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        meta: Dict[str, Any],
+    ) -> None:
+        # meta: recorded in every manifest (e.g. the sharding plan and config hash).
+        cfg.validate()
+        self.cfg = cfg
+        self.store = CheckpointStore(root)
+        self.env = env
+        self.model = model
+        self.optimizer = optimizer
+        self.meta = meta
+        self.saved = 0
+        self.seconds = 0.0
+        self.last_path: Optional[Path] = None
+
+    def _tensor_state(self) -> Dict[str, Any]:
+        return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+
+    # ---- save (collective) -----------------------------------------------------------------
+    def save(self, step: int, local_state: Dict[str, Any]) -> Path:
+        """Write a checkpoint of ``step``; returns its final path. Collective: all ranks."""
+        t0 = time.perf_counter()
+        env = self.env
+        # All ranks: rank 0 creates the .partial directory before anyone writes into it.
+        partial = Path(broadcast_object(str(self.store.prepare(step)) if env.is_rank0 else None))
+        dcp.save(self._tensor_state(), checkpoint_id=partial, process_group=cpu_group())
+        tmp = partial / f"rank{env.rank}.pt.tmp"
+        torch.save({"format": LOCAL_STATE_FORMAT, "rank": env.rank, **local_state}, tmp)
+        tmp.replace(rank_file(partial, env.rank))
+        dist.barrier(group=cpu_group())  # all ranks: every file of this checkpoint is written
+        final = self.store.final_dir(step)
+        if env.is_rank0:
+            self.store.publish(
+                step,
+                {"world_size": env.world_size, "saved_at": time.time(), **self.meta},
+            )
+            removed = self.store.prune(self.cfg.keep_last)
+            logger.info(
+                "checkpoint: step %d -> %s (%.1f s)%s", step, final, time.perf_counter() - t0,
+                f", removed {len(removed)} older" if removed else "",
+            )
+        dist.barrier(group=cpu_group())  # all ranks: nobody goes on before it is published
+        self.saved += 1
+        self.seconds += time.perf_counter() - t0
+        self.last_path = final
+        return final
+
+    # ---- find and load (collective) --------------------------------------------------------
+    def find(self, resume: str) -> Optional[CheckpointInfo]:
+        """The checkpoint to continue from, per ``trainer.resume``. Collective: all ranks.
+
+        ``auto``: the newest sound checkpoint under the root, or None (a fresh run); ``never``:
+        None, but refuses a root that already holds checkpoints (they would be overwritten);
+        a path: that checkpoint, or the newest sound one under that directory (an error if none).
+        Unsound checkpoints (incomplete, truncated, damaged) are skipped with a warning.
+        """
+        problem: Optional[str] = None
+        found: Optional[CheckpointInfo] = None
+        if self.env.is_rank0:
+            found, problem = self._find_rank0(resume)
+        # All ranks: rank 0 looked at the files; everyone acts on the same answer.
+        found, problem = broadcast_object((found, problem))
+        if problem is not None:
+            raise ValueError(problem)
+        return found
+
+    def _find_rank0(self, resume: str) -> tuple:
+        if resume == "never":
+            existing = self.store.complete()
+            if existing:
+                return None, (
+                    f"trainer.resume=never but {self.store.root} already holds checkpoints (newest: "
+                    f"step {existing[-1].step}) that this run would overwrite. Fix: continue it with "
+                    "trainer.resume=auto, choose a new trainer.run_dir, or delete that directory"
+                )
+            return None, None
+        target = self.store.root if resume == "auto" else Path(resume)
+        if resume != "auto" and not target.exists():
+            return None, (
+                f"trainer.resume={resume}: no such file or directory. Fix: give a checkpoint "
+                "directory (step_NNNNNNNNN) or a checkpoints directory, or trainer.resume=auto"
+            )
+        found, skipped = resolve(target, self.cfg.verify)
+        for reason in skipped:
+            logger.warning("checkpoint skipped, not loaded: %s", reason)
+        if found is None and resume != "auto":
+            return None, (
+                f"trainer.resume={resume}: no sound checkpoint there"
+                + (f" ({'; '.join(skipped)})" if skipped else "")
+                + ". Fix: point it at a complete checkpoint, or use trainer.resume=auto"
+            )
+        return found, None
+
+    def load(self, info: CheckpointInfo) -> Dict[str, Any]:
+        """Load model and optimizer state in place; returns this rank's local state (the file of
+        the same rank when the world size is unchanged, else rank 0's). Collective: all ranks."""
+        t0 = time.perf_counter()
+        state = self._tensor_state()
+        try:
+            dcp.load(state, checkpoint_id=info.path, process_group=cpu_group())
+        except Exception as e:  # noqa: BLE001 - DCP wraps per-rank failures; name the cause
+            text = str(e)
+            hint = ""
+            if "Size mismatch" in text and "momentum" in text:
+                hint = (
+                    " A table's row-wise optimizer state has one entry per row and column shard, "
+                    "so it cannot move to a plan with a different number of column shards for that "
+                    "table. Fix: keep that table's sharding (sharding.column_shard_dim), or resume "
+                    "with a plan that does not column-shard it."
+                )
+            raise ValueError(f"cannot load checkpoint {info.path}: {text.strip()[:2000]}.{hint}") from e
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+        same_world = info.world_size == self.env.world_size
+        local = torch.load(
+            rank_file(info.path, self.env.rank if same_world else 0), map_location="cpu", weights_only=True
+        )
+        if local.get("format") != LOCAL_STATE_FORMAT:
+            raise ValueError(
+                f"{rank_file(info.path, self.env.rank)} has format {local.get('format')!r}, this "
+                f"version reads {LOCAL_STATE_FORMAT}. Fix: resume with the version that wrote it"
+            )
+        self.seconds += time.perf_counter() - t0
+        local["same_world_size"] = same_world
+        return local
