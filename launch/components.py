@@ -81,6 +81,9 @@ def _slipstream_default_env(
     else:
         # N CPU ranks per host each spawning #cores OpenMP threads oversubscribe the host
         merged["OMP_NUM_THREADS"] = "1"
+    # A fresh rendezvous store per restart attempt: torchrun's shared store keeps the dead
+    # attempt's keys, which a restarted attempt would read (pytorch/pytorch#135712)
+    merged["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     merged.update(env or {})
     return merged
 
@@ -120,7 +123,9 @@ def train(
         h: a registered named resource (e.g. aws_p4d.24xlarge); takes precedence over cpu, gpu and memMB
         env: environment variables for the job (e.g. LOGLEVEL=DEBUG,NCCL_DEBUG=INFO); these override the defaults
             (LOGLEVEL=$LOGLEVEL or WARNING; CPU jobs OMP_NUM_THREADS=1; GPU jobs the launcher's NCCL_* vars and NCCL_DEBUG=WARN)
-        max_retries: the number of scheduler retries allowed
+        max_retries: restarts after a failure: torchrun restarts the worker group in place (--max_restarts), and
+            schedulers that retry whole jobs (Kubernetes, Slurm) get the same count; the restarted workers
+            resume from the run's newest checkpoint
         rdzv_port: port on rank0's host for the c10d rendezvous store; only used for multi-node jobs
             (single-node jobs use localhost:0, i.e. a random free port)
         rdzv_backend: torchrun rendezvous backend (c10d, static, etcd, ...); only used for multi-node jobs
@@ -132,7 +137,7 @@ def train(
     uses_gpu = specs.resource(cpu=cpu, gpu=gpu, memMB=memMB, h=h).gpu > 0
     if not image:
         image = _SLIPSTREAM_IMAGE_GPU if uses_gpu else _SLIPSTREAM_IMAGE_CPU
-    return _slipstream_ddp(
+    app = _slipstream_ddp(
         *script_args,
         m=_SLIPSTREAM_MODULE,
         image=image,
@@ -149,3 +154,9 @@ def train(
         mounts=mounts,
         debug=debug,
     )
+    if max_retries > 0:
+        # torchrun restarts the worker group in place (every scheduler, local_cwd included); the
+        # restarted workers resume from the run's newest checkpoint (trainer.resume=auto).
+        role = app.roles[0]
+        role.args = [a.replace("torchrun ", f"torchrun --max_restarts {max_retries} ", 1) for a in role.args]
+    return app

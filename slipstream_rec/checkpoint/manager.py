@@ -25,9 +25,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+from slipstream_rec.checkpoint import optim_state
 from slipstream_rec.checkpoint.config import CheckpointConfig
 from slipstream_rec.checkpoint.store import CheckpointInfo, CheckpointStore, resolve
-from slipstream_rec.distributed import DistEnv, broadcast_object, cpu_group
+from slipstream_rec.distributed import DistEnv, all_gather_objects, broadcast_object, cpu_group
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +66,22 @@ class Checkpointer:
         self.last_path: Optional[Path] = None
 
     def _tensor_state(self) -> Dict[str, Any]:
-        return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+        optim = optim_state.to_checkpoint(self.optimizer.state_dict())
+        return {"model": self.model.state_dict(), "optim": optim}
+
+    def _check_keys(self, info: CheckpointInfo, state: Dict[str, Any]) -> None:
+        """Every tensor this rank needs is in the checkpoint (all ranks: one all-gather)."""
+        saved = set(dcp.FileSystemReader(str(info.path)).read_metadata().state_dict_metadata)
+        wanted = set(_flat_keys(state))
+        missing = sorted(wanted - saved - optim_state.optional_keys(wanted))
+        problems = [p for p in all_gather_objects(missing) if p]  # all ranks
+        if problems:
+            keys = sorted({k for p in problems for k in p})
+            raise ValueError(
+                f"checkpoint {info.path} lacks {len(keys)} tensor(s) this model needs, e.g. "
+                f"{keys[:4]}. Fix: resume with the model, dataset and optimizer the run was "
+                "started with (optim.embedding.type and the model shape must match)"
+            )
 
     # ---- save (collective) -----------------------------------------------------------------
     def save(self, step: int, local_state: Dict[str, Any]) -> Path:
@@ -144,9 +162,17 @@ class Checkpointer:
         """Load model and optimizer state in place; returns this rank's local state (the file of
         the same rank when the world size is unchanged, else rank 0's). Collective: all ranks."""
         t0 = time.perf_counter()
-        state = self._tensor_state()
+        live_optim = self.optimizer.state_dict()
+        state = {"model": self.model.state_dict(), "optim": optim_state.to_checkpoint(live_optim)}
+        self._check_keys(info, state)  # all ranks
         try:
-            dcp.load(state, checkpoint_id=info.path, process_group=cpu_group())
+            dcp.load(
+                state,
+                checkpoint_id=info.path,
+                process_group=cpu_group(),
+                # only the optional keys may be absent: _check_keys made sure of it
+                planner=DefaultLoadPlanner(allow_partial_load=True),
+            )
         except Exception as e:  # noqa: BLE001 - DCP wraps per-rank failures; name the cause
             text = str(e)
             hint = ""
@@ -159,7 +185,7 @@ class Checkpointer:
                 )
             raise ValueError(f"cannot load checkpoint {info.path}: {text.strip()[:2000]}.{hint}") from e
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optim"])
+        self.optimizer.load_state_dict(optim_state.from_checkpoint(state["optim"], live_optim))
         same_world = info.world_size == self.env.world_size
         local = torch.load(
             rank_file(info.path, self.env.rank if same_world else 0), map_location="cpu", weights_only=True
@@ -172,3 +198,15 @@ class Checkpointer:
         self.seconds += time.perf_counter() - t0
         local["same_world_size"] = same_world
         return local
+
+
+def _flat_keys(state: Dict[str, Any], prefix: str = "") -> list:
+    """Keys as DCP names them: nested dict keys joined with dots."""
+    keys = []
+    for k, v in state.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            keys.extend(_flat_keys(v, name + "."))
+        else:
+            keys.append(name)
+    return keys

@@ -1,0 +1,219 @@
+"""Fault tolerance end to end, through the real entry point under torchrun (gloo, 2 processes).
+
+The reference is one uninterrupted run: 2 epochs of the smoke data with Slipstream paper_plus
+skipping (counting, hot selection, snapshots and thresholds all happen in the first 20 steps),
+checkpoints every 8 steps. Interrupted runs must end with the same counters and the same model
+and optimizer state, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+SLIPSTREAM = [
+    "experiment=smoke", "data.synthetic.zipf_exponent=1.5", "trainer.progress_bar=false",
+    "trainer.max_steps=0", "trainer.epochs=2", "trainer.eval_every_steps=0",
+    "trainer.checkpoint.every_steps=8", "slipstream=paper_plus", "slipstream.count_steps=6",
+    "slipstream.snapshot_interval=4", "slipstream.window_samples=2048",
+]  # fmt: skip
+COUNTERS = ["steps", "epochs", "samples_seen", "samples_trained", "samples_skipped", "val_auc", "val_logloss", "test_auc"]
+
+
+def _env(extra: Optional[Dict[str, str]] = None) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["OMP_NUM_THREADS"] = "1"
+    for key in [k for k in env if k.startswith("SLIPSTREAM_FAULT")]:
+        del env[key]
+    env.update(extra or {})
+    return env
+
+
+def _torchrun(args: List[str], env: Optional[Dict[str, str]] = None, check: bool = True, launcher: Optional[List[str]] = None):
+    cmd = (launcher or [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2"]) + [
+        "-m", "slipstream_rec.train", *args,
+    ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=600)
+    if check:
+        assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _final_state(run_dir: Path, tmp: Path) -> Dict[str, torch.Tensor]:
+    """The newest checkpoint of a run as one flat dict of full tensors (no process group)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    newest = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    out = tmp / f"{run_dir.name}-{newest.name}.pt"
+    dcp_to_torch_save(newest, out)
+    flat: Dict[str, torch.Tensor] = {}
+
+    def walk(d: dict, prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}/")
+            elif torch.is_tensor(v):
+                flat[prefix + k] = v
+
+    walk(torch.load(out, weights_only=False), "")
+    return flat
+
+
+def _assert_same_state(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> None:
+    assert set(a) == set(b)
+    assert any("momentum1" in k for k in a), "the fused optimizer state is checkpointed"
+    unequal = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not unequal, f"{len(unequal)} tensors differ, e.g. {unequal[:3]}"
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_root) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    _torchrun([*SLIPSTREAM, f"data.root={data_root}", f"trainer.run_dir={run_dir}"])
+    summary = _summary(run_dir)
+    assert summary["epochs"] == 2 and summary["samples_skipped"] > 0, summary
+    return run_dir
+
+
+def test_killed_worker_is_restarted_by_torchrun_and_the_run_ends_bit_identical(tmp_path, data_root, reference):
+    run_dir = tmp_path / "run"
+    fault = {"SLIPSTREAM_FAULT_STEP": "21", "SLIPSTREAM_FAULT_RANK": "1"}  # SIGKILL, first attempt only
+    result = _torchrun(
+        [*SLIPSTREAM, f"data.root={data_root}", f"trainer.run_dir={run_dir}"],
+        env=fault,
+        launcher=[str(BIN / "torchrun"), "--standalone", "--max-restarts", "1", "--nproc_per_node", "2"],
+    )
+    log = result.stdout + result.stderr
+    assert "fault injection: kill after step 21" in log
+    assert "lost its connection to another rank" in log  # rank 0's message, not a raw gloo trace
+    ref, got = _summary(reference), _summary(run_dir)
+    assert got["resumed_from"]["step"] == 16  # the newest checkpoint before the kill
+    assert got["resumed_from"]["data_position_exact"] and got["resumed_from"]["slipstream_tracking_exact"]
+    assert {k: got[k] for k in COUNTERS} == {k: ref[k] for k in COUNTERS}
+    _assert_same_state(_final_state(reference, tmp_path), _final_state(run_dir, tmp_path))
+    # steps 17..21 were trained twice but are logged once
+    steps = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] >= 70
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_previous_one_resumes(tmp_path, data_root, reference):
+    run_dir = tmp_path / "run"
+    args = [*SLIPSTREAM, f"data.root={data_root}", f"trainer.run_dir={run_dir}"]
+    crashed = _torchrun(args, env={"SLIPSTREAM_FAULT_STEP": "30", "SLIPSTREAM_FAULT": "exit"}, check=False)
+    assert crashed.returncode != 0
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved == ["step_000000016", "step_000000024"], saved  # keep_last=2
+    shard = run_dir / "checkpoints" / "step_000000024" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated
+
+    result = _torchrun(args)  # the same command again: trainer.resume=auto
+    assert "checkpoint skipped, not loaded" in result.stderr and "truncated" in result.stderr
+    got = _summary(run_dir)
+    assert got["resumed_from"]["step"] == 16
+    assert {k: got[k] for k in COUNTERS} == {k: _summary(reference)[k] for k in COUNTERS}
+    _assert_same_state(_final_state(reference, tmp_path), _final_state(run_dir, tmp_path))
+
+
+def test_resume_never_refuses_to_overwrite_checkpoints(tmp_path, data_root, reference):
+    result = _torchrun(
+        [*SLIPSTREAM, f"data.root={data_root}", f"trainer.run_dir={reference}", "trainer.resume=never"],
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "trainer.resume=never" in result.stderr and "would overwrite" in result.stderr
+    assert _summary(reference)["resumed_from"] is None  # the reference run is untouched
+
+
+@pytest.mark.parametrize(
+    "launcher, overrides",
+    [
+        (["slipstream-train"], []),  # 1 process
+        (["torchrun", "--standalone", "--nproc_per_node", "2"], ["sharding=table_wise"]),
+    ],
+    ids=["one_rank", "table_wise_plan"],
+)
+def test_a_two_rank_checkpoint_loads_into_another_world_size_or_plan(tmp_path, data_root, launcher, overrides):
+    base_dir = tmp_path / "base"
+    common = [*SLIPSTREAM, f"data.root={data_root}", "trainer.max_steps=12", "trainer.epochs=1"]
+    _torchrun([*common, f"trainer.run_dir={base_dir}"])
+    base = _summary(base_dir)
+    assert set(base["sharding_plan"].values()) != {"table_wise"}
+
+    cmd = [str(BIN / launcher[0]), *launcher[1:]]
+    if launcher[0] == "slipstream-train":
+        cmd, module = [str(BIN / "slipstream-train")], []
+    else:
+        module = ["-m", "slipstream_rec.train"]
+    args = [*common, *overrides, f"trainer.run_dir={tmp_path / 'moved'}", f"trainer.resume={base_dir / 'checkpoints'}"]
+    result = subprocess.run([*cmd, *module, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
+    moved = _summary(tmp_path / "moved")
+    assert moved["resumed_from"]["step"] == 12 and moved["steps"] == 12
+    if launcher[0] == "slipstream-train":
+        assert moved["world_size"] == 1 and not moved["resumed_from"]["data_position_exact"]
+    else:
+        assert set(moved["sharding_plan"].values()) == {"table_wise"}
+    assert not moved["resumed_from"]["slipstream_tracking_exact"]  # other shards: re-derived
+    assert moved["hot_rows"] == base["hot_rows"] and moved["threshold"] == base["threshold"]
+    # the same model: every validation and test prediction scores the same
+    for key in ("val_auc", "val_logloss", "test_auc", "test_logloss"):
+        assert moved[key] == pytest.approx(base[key], abs=1e-6), key
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_two_nodes_of_one_process_agree_with_one_node_of_two(tmp_path, data_root):
+    # A fixed plan: the auto planner sees 2 hosts x 1 device and 1 host x 2 devices as different
+    # topologies (it picks table_row_wise across hosts), which legitimately changes the numbers.
+    common = ["experiment=smoke", f"data.root={data_root}", "trainer.progress_bar=false", "sharding=row_wise"]
+    _torchrun([*common, f"trainer.run_dir={tmp_path / 'one_node'}"])
+    port = _free_port()
+    agent = [
+        str(BIN / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"two-nodes-{port}",
+        "-m", "slipstream_rec.train", *common, f"trainer.run_dir={tmp_path / 'two_nodes'}",
+    ]  # fmt: skip
+    procs = [subprocess.Popen(agent, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-5000:]
+    one, two = _summary(tmp_path / "one_node"), _summary(tmp_path / "two_nodes")
+    assert two["world_size"] == 2
+    for key in ("steps", "samples_trained", "val_auc", "val_logloss", "test_auc", "test_logloss"):
+        assert two[key] == one[key], key
+
+
+def test_a_stuck_rank_ends_the_job_with_a_clear_timeout_message(tmp_path, data_root):
+    result = _torchrun(
+        ["experiment=smoke", f"data.root={data_root}", f"trainer.run_dir={tmp_path / 'run'}",
+         "trainer.progress_bar=false", "trainer.collective_timeout_s=5"],  # fmt: skip
+        env={"SLIPSTREAM_FAULT_STEP": "3", "SLIPSTREAM_FAULT_RANK": "1", "SLIPSTREAM_FAULT": "hang"},
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "waited longer than trainer.collective_timeout_s=5 s" in result.stderr, result.stderr[-3000:]
