@@ -117,6 +117,20 @@ def test_killed_worker_is_restarted_by_torchrun_and_the_run_ends_bit_identical(t
     assert steps == sorted(set(steps)) and steps[-1] >= 70
 
 
+def test_torchx_max_retries_restarts_a_killed_worker_and_finishes(tmp_path, data_root, reference):
+    run_dir = tmp_path / "run"
+    cmd = [
+        str(BIN / "torchx"), "run", "-s", "local_cwd", "launch/components.py:train", "-j", "1x2",
+        "--max_retries", "1", "--env", "SLIPSTREAM_FAULT_STEP=13,SLIPSTREAM_FAULT_RANK=0",
+        "--", *SLIPSTREAM, f"data.root={data_root}", f"trainer.run_dir={run_dir}",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    got = _summary(run_dir)
+    assert got["resumed_from"]["step"] == 8
+    assert {k: got[k] for k in COUNTERS} == {k: _summary(reference)[k] for k in COUNTERS}
+
+
 def test_a_damaged_newest_checkpoint_is_skipped_and_the_previous_one_resumes(tmp_path, data_root, reference):
     run_dir = tmp_path / "run"
     args = [*SLIPSTREAM, f"data.root={data_root}", f"trainer.run_dir={run_dir}"]

@@ -107,6 +107,8 @@ def test_2x3_builds_torchrun_with_overrides_unchanged(train):
     assert _script_args(argv) == OVERRIDES
     assert role.num_replicas == 2 and role.min_replicas == 2
     assert role.max_retries == 2
+    assert _opt(argv, "--max_restarts") == "2"  # torchrun restarts the workers in place
+    assert role.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # a fresh store per attempt
     assert role.env["OMP_NUM_THREADS"] == "1"
     assert role.env["LOGLEVEL"] == "WARNING"
     assert "NCCL_DEBUG" not in role.env  # cpu job
