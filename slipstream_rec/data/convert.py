@@ -33,14 +33,14 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from slipstream_rec.data.config import CategoricalEncoding, SplitConfig
 from slipstream_rec.data.loader import META_FILE, SPLITS, load_meta
 from slipstream_rec.data.npy_writer import NpyAppender
-from slipstream_rec.data.vocab import MISSING_KEY, VocabCounter, Vocabulary, check_encoding
+from slipstream_rec.data.vocab import VocabCounter, Vocabulary, check_encoding
 
 logger = logging.getLogger("slipstream_rec.data")
 
@@ -332,7 +332,7 @@ class _Run:
             writers[f"{s}_dense"] = NpyAppender(self.work / f"{s}_dense.npy.part", np.float32, (nd,), rows_of(s, "dense"))
             writers[f"{s}_sparse"] = NpyAppender(self.work / f"{s}_sparse.npy.part", np.int32, (n1,), rows_of(s, "sparse"))
             writers[f"{s}_labels"] = NpyAppender(self.work / f"{s}_labels.npy.part", np.int32, (1,), rows_of(s, "labels"))
-            for j, f in enumerate(namesm):
+            for j in range(len(namesm)):
                 w = NpyAppender(self.work / f"{s}_mh{j}_offsets.npy.part", np.int64, (), rows_of(s, f"mh{j}_offsets"))
                 if w.rows == 0:
                     w.append(np.zeros(1, dtype=np.int64))

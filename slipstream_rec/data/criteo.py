@@ -15,7 +15,7 @@ character or more than 16 digits).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 

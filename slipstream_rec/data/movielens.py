@@ -24,7 +24,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile

@@ -25,7 +25,6 @@ import csv
 import hashlib
 import re
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np

@@ -214,7 +214,7 @@ def test_two_nodes_of_one_process_agree_with_one_node_of_two(tmp_path, data_root
     ]  # fmt: skip
     procs = [subprocess.Popen(agent, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-5000:]
     one, two = _summary(tmp_path / "one_node"), _summary(tmp_path / "two_nodes")
     assert two["world_size"] == 2
