@@ -108,6 +108,11 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         meta={"sharding_plan": plan, "config_hash": config_hash(job)},
     )
     resume = checkpointer.find(tr.resume)  # all ranks
+    if resume is not None and env.is_rank0 and resume.manifest.get("config_hash") != config_hash(job):
+        logger.warning(
+            "resuming %s, written with another configuration (see its run's config.yaml): the "
+            "new one applies from step %d on", resume.path, resume.step,
+        )
 
     def loader(split: str, train: bool) -> NpyBatchLoader:
         return NpyBatchLoader(

@@ -96,6 +96,16 @@ def test_periodic_evaluation_does_not_change_training(tmp_path, data_root):
     assert a["sharding_plan"] == b["sharding_plan"] and set(a["sharding_plan"].values()) == {"row_wise"}
 
 
+def test_every_epoch_is_trained_with_either_pipeline(tmp_path, data_root):
+    # smoke: 40,000 rows / 2 ranks / 512 = 39 steps per epoch
+    for pipeline in ("sparse_dist", "base"):
+        summary = _torchrun(
+            tmp_path / pipeline, data_root, "trainer.max_steps=0", "trainer.epochs=2",
+            "trainer.eval_every_steps=0", f"trainer.pipeline={pipeline}",
+        )  # fmt: skip
+        assert summary["epochs"] == 2 and summary["steps"] == 2 * 39, (pipeline, summary["steps"])
+
+
 def test_bare_single_process_run(tmp_path, data_root):
     run_dir = tmp_path / "run"
     _run(

@@ -254,6 +254,10 @@ class Trainer:
             if st.step >= total:
                 break
             st.epoch = epoch
+            if isinstance(self.pipeline, TrainPipelineBase):
+                # TrainPipelineBase stays "connected" to the exhausted iterator of the previous
+                # epoch and would stop at once (measured: epochs=2 trained one epoch).
+                self.pipeline.reset()
             batches = self._epoch_batches(epoch, total - st.step)
             # Wall time of the whole loop, logging included, evaluations and checkpoints
             # excluded: what a user waits for, measured the same way as the benchmark's plain
