@@ -231,3 +231,19 @@ def test_a_stuck_rank_ends_the_job_with_a_clear_timeout_message(tmp_path, data_r
     )
     assert result.returncode != 0
     assert "waited longer than trainer.collective_timeout_s=5 s" in result.stderr, result.stderr[-3000:]
+
+
+def test_time_trigger_saves_on_the_same_step_on_every_rank(tmp_path, data_root):
+    # every_minutes tiny: rank 0's clock says "due" at every check, i.e. every 5 steps
+    run_dir = tmp_path / "run"
+    _torchrun(
+        ["experiment=smoke", f"data.root={data_root}", f"trainer.run_dir={run_dir}", "trainer.progress_bar=false",
+         "trainer.checkpoint.every_minutes=0.00001", "trainer.checkpoint.check_every_steps=5",
+         "trainer.checkpoint.keep_last=10"],  # fmt: skip
+    )
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved == [f"step_{s:09d}" for s in (5, 10, 15, 20)]  # the end (20) is not saved twice
+    manifest = json.loads((run_dir / "checkpoints" / saved[-1] / "MANIFEST.json").read_text())
+    assert {"rank0.pt", "rank1.pt", ".metadata"} <= set(manifest["files"]) and manifest["world_size"] == 2
+    summary = _summary(run_dir)
+    assert summary["checkpoints_saved_this_attempt"] == 4 and summary["checkpoint_seconds"] > 0
