@@ -78,6 +78,9 @@ class SlipstreamConfig:
     # Keep each skippable sample with probability p and weight its loss 1/p (unbiased
     # gradient); 0 is the paper's pure skipping.
     keep_probability: float = 0.0
+    # Skip only samples labelled 0 (no click): stale positives, the rare and informative class,
+    # are always trained (negative downsampling restricted to stale inputs).
+    negatives_only: bool = False
     # At most this fraction of the samples of each window may be skipped (1.0: no ceiling).
     max_skip_fraction: float = 1.0
     # Size, in classified samples per rank, of a ceiling window.

@@ -115,6 +115,7 @@ class SlipstreamController:
             window_samples=cfg.window_samples,
             seed=seed * 1000 + rank,  # independent draws per rank, reproducible per run
             enabled=cfg.policy.skips,
+            negatives_only=cfg.negatives_only,
         )
         self.stream: Optional[SkippingStream] = None
         self._streams_done: Dict[str, int] = {"seen": 0, "skipped": 0, "dropped": 0}

@@ -71,6 +71,7 @@ class SkipDecider:
         window_samples: int = 65536,
         seed: int = 0,
         enabled: bool = True,
+        negatives_only: bool = False,
     ) -> None:
         # index: flat key space of all tables (maps KJT lookups to rows of row_state).
         # row_state: per-row change; a row is stale iff change < threshold.
@@ -81,6 +82,7 @@ class SkipDecider:
         # window_samples: size (classified samples) of a ceiling window.
         # seed: seeds the p-draws; decisions are deterministic given seed and inputs.
         # enabled: False = tracking only: keep everything with weight 1, still count would-be skips.
+        # negatives_only: only samples with label 0 are skippable.
         if row_state.num_rows != index.num_rows:
             raise ValueError(
                 f"SkipDecider: row_state has {row_state.num_rows} rows but index has {index.num_rows}"
@@ -102,6 +104,7 @@ class SkipDecider:
             raise ValueError(f"slipstream.seed must be an int, got {seed!r}")
         self.seed = seed
         self.enabled = bool(enabled)
+        self.negatives_only = bool(negatives_only)
         # Skip budget per window; the epsilon keeps 0.3 * 10 at 3.
         self.window_budget = int(math.floor(self.max_skip_fraction * window_samples + 1e-9))
         self._gen = torch.Generator().manual_seed(seed)
@@ -130,6 +133,8 @@ class SkipDecider:
     def __call__(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
         n = batch.batch_size
         sk = self.classify(batch)
+        if self.negatives_only:
+            sk = sk & (batch.labels.view(-1) == 0)
         p = self.keep_probability
         u = torch.rand(n, generator=self._gen)  # drawn for every sample: a stable random stream
         drawn_keep = u < p

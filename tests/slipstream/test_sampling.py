@@ -65,6 +65,18 @@ def test_pure_skipping_p0() -> None:
     assert dec(_batch(ids))[0].all()
 
 
+def test_negatives_only_never_skips_a_click() -> None:
+    idx, st = _setup(torch.arange(0, N_ROWS, 2))
+    dec = SkipDecider(idx, st, threshold=1.0, keep_probability=0.0, negatives_only=True)
+    ids = torch.arange(200)
+    batch = _batch(ids)
+    batch.labels = (ids % 4 == 0).float()  # every other stale sample is a click
+    keep, w = dec(batch)
+    stale, click = ids % 2 == 0, ids % 4 == 0
+    assert torch.equal(keep, ~(stale & ~click))  # exactly the stale non-clicks are skipped
+    assert (w == 1).all() and dec.totals.skippable == 50
+
+
 @pytest.mark.parametrize("p", [0.0, 0.4])
 def test_ceiling_per_window(p: float) -> None:
     idx, st = _setup(torch.arange(0, 800))  # 80% of ids skippable
