@@ -71,13 +71,7 @@ def build_config(args: argparse.Namespace):
     from slipstream_rec.data.config import DataConfig, TabularConfig
 
     source = SUBCOMMANDS[args.command][0]
-    overrides = [f"data={args.data}", *args.overrides]
-    if getattr(args, "input", None):
-        overrides.append(f"data.{source}.inputs={_quote(args.input)}")
-    if getattr(args, "eval_input", None):
-        overrides += [f"data.{source}.eval_inputs={_quote(args.eval_input)}", f"data.{source}.split.method=files"]
-    if getattr(args, "source", None):
-        overrides.append(f"data.movielens.source={args.source}")
+    overrides = [f"data={args.data}", *_data_overrides(args)]
     cfg = compose_config(overrides)
     if getattr(args, "schema", None):
         if not args.schema.is_file():
@@ -130,17 +124,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.out is not None or getattr(args, "schema", None):
         print(f"train with: slipstream-train data.source=npy data.path={path}")
     else:
-        print(f"train with: slipstream-train data={args.data} " + " ".join(_train_overrides(args)))
+        print(f"train with: slipstream-train data={args.data} " + " ".join(_data_overrides(args, shell=True)))
     return 0
 
 
-def _train_overrides(args: argparse.Namespace) -> List[str]:
+def _data_overrides(args: argparse.Namespace, shell: bool = False) -> List[str]:
+    """The command's options as data overrides; ``shell``: list values quoted for a shell line."""
     source = SUBCOMMANDS[args.command][0]
+    q = "'" if shell else ""
     out = list(args.overrides)
     if getattr(args, "input", None):
-        out.append(f"'data.{source}.inputs={_quote(args.input)}'")
+        out.append(f"{q}data.{source}.inputs={_quote(args.input)}{q}")
     if getattr(args, "eval_input", None):
-        out += [f"'data.{source}.eval_inputs={_quote(args.eval_input)}'", f"data.{source}.split.method=files"]
+        out += [f"{q}data.{source}.eval_inputs={_quote(args.eval_input)}{q}", f"data.{source}.split.method=files"]
     if getattr(args, "source", None):
         out.append(f"data.movielens.source={args.source}")
     return out
