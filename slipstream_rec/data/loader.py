@@ -180,15 +180,11 @@ def _check_split_files(meta: DatasetMeta, split: str) -> None:
     counts = {}
     for kind, dtype in _EXPECTED.items():
         f = split_file(meta.path, split, kind)
-        if not f.is_file():
-            raise FileNotFoundError(
-                f"{f} is missing (meta.json lists split {split!r}). Fix: regenerate the dataset "
-                f"(delete {meta.path}) or provide the file in TorchRec's criteo npy layout."
-            )
-        try:
-            arr = np.load(f, mmap_mode="r")
-        except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-            raise ValueError(f"{f} is not a readable .npy file ({e}). Fix: regenerate it.") from e
+        arr = _open_npy(
+            f,
+            f"meta.json lists split {split!r}",
+            f"regenerate the dataset (delete {meta.path}) or provide the file in TorchRec's criteo npy layout",
+        )
         want_shape = f"(N, {columns[kind]})"
         if arr.dtype != dtype or arr.ndim != 2 or arr.shape[1] != columns[kind]:
             raise ValueError(
@@ -214,6 +210,16 @@ def _check_split_files(meta: DatasetMeta, split: str) -> None:
         _check_multi_hot_files(meta, split, feature)
 
 
+def _open_npy(f: Path, listed_because: str, fix: str) -> np.ndarray:
+    """``f`` memory-mapped; a missing or unreadable file is an error naming it and the fix."""
+    if not f.is_file():
+        raise FileNotFoundError(f"{f} is missing ({listed_because}). Fix: {fix}.")
+    try:
+        return np.load(f, mmap_mode="r")
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
+        raise ValueError(f"{f} is not a readable .npy file ({e}). Fix: {fix}.") from e
+
+
 def multi_hot_files(path: Union[str, Path], split: str, feature: str) -> tuple[Path, Path]:
     """``({split}_{feature}_values.npy, {split}_{feature}_offsets.npy)`` of a multi-hot feature."""
     return Path(path) / f"{split}_{feature}_values.npy", Path(path) / f"{split}_{feature}_offsets.npy"
@@ -224,15 +230,11 @@ def _check_multi_hot_files(meta: DatasetMeta, split: str, feature: str) -> None:
     values_f, offsets_f = multi_hot_files(meta.path, split, feature)
     arrays = {}
     for f, dtype in ((values_f, np.dtype(np.int32)), (offsets_f, np.dtype(np.int64))):
-        if not f.is_file():
-            raise FileNotFoundError(
-                f"{f} is missing (meta.json lists {feature!r} as a multi-hot feature of split "
-                f"{split!r}). Fix: reconvert the dataset with slipstream-data."
-            )
-        try:
-            arr = np.load(f, mmap_mode="r")
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"{f} is not a readable .npy file ({e}). Fix: reconvert it.") from e
+        arr = _open_npy(
+            f,
+            f"meta.json lists {feature!r} as a multi-hot feature of split {split!r}",
+            "reconvert the dataset with slipstream-data",
+        )
         if arr.dtype != dtype or arr.ndim != 1:
             raise ValueError(
                 f"{f} has dtype {arr.dtype} and shape {arr.shape}, expected dtype {dtype} and "

@@ -341,15 +341,16 @@ class Trainer:
         st = dataclasses.asdict(self.state)
         st["train_seconds"] = self._live_train_seconds()
         stream = self.slipstream.stream
+        pending = list(self._in_flight.pending) if self._in_flight is not None else []
         position = {
             "epoch": self.state.epoch,
             "batches_per_epoch": len(self.train_loader),
             "batch_size": self.cfg.batch_size,
             "stream": stream.state_dict() if stream is not None else None,
             "source_batches": stream.source_batches_pulled if stream is not None else 0,
-            "in_flight": [batch_to_state(b) for b in (self._in_flight.pending if self._in_flight else [])],
+            "in_flight": [batch_to_state(b) for b in pending],
             "buffered_rows": (stream.buffered_rows() if stream is not None else 0)
-            + sum(int(b.labels.shape[0]) for b in (self._in_flight.pending if self._in_flight else [])),
+            + sum(b.batch_size for b in pending),
         }
         return {
             "world_size": self.env.world_size,
