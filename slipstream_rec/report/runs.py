@@ -14,7 +14,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import yaml
 
@@ -152,6 +152,26 @@ def read_jsonl(path: Path, notes: List[str]) -> List[Dict[str, Any]]:
     return records
 
 
+def _read_mapping(
+    path: Path,
+    parse: Callable[[str], Any],
+    errors: Tuple[Type[BaseException], ...],
+    notes: List[str],
+    not_mapping: str,
+    unreadable: Callable[[BaseException], str],
+) -> Optional[Dict[str, Any]]:
+    """``path`` parsed into a dict, or None with a note saying why not (the report goes on)."""
+    try:
+        value = parse(path.read_text(encoding="utf-8"))
+    except errors as err:
+        notes.append(f"{path}: {unreadable(err)}")
+        return None
+    if isinstance(value, dict):
+        return value
+    notes.append(f"{path}: {not_mapping}")
+    return None
+
+
 def load_run(path: Path) -> Run:
     """Load one run directory. Raises :class:`NotARunError` if ``path`` is not one."""
     path = Path(path)
@@ -166,14 +186,11 @@ def load_run(path: Path) -> Run:
         )
     run = Run(path=path, files=present)
     if CONFIG in present:
-        try:
-            config = yaml.safe_load((path / CONFIG).read_text(encoding="utf-8"))
-            if isinstance(config, dict):
-                run.config = config
-            else:
-                run.notes.append(f"{path / CONFIG}: not a mapping; config differences unavailable")
-        except (OSError, yaml.YAMLError) as err:
-            run.notes.append(f"{path / CONFIG}: unreadable ({err.__class__.__name__}); config differences unavailable")
+        run.config = _read_mapping(
+            path / CONFIG, yaml.safe_load, (OSError, yaml.YAMLError), run.notes,
+            not_mapping="not a mapping; config differences unavailable",
+            unreadable=lambda err: f"unreadable ({err.__class__.__name__}); config differences unavailable",
+        )  # fmt: skip
     else:
         run.notes.append(f"{CONFIG} missing; config differences unavailable")
     if METRICS in present:
@@ -184,14 +201,11 @@ def load_run(path: Path) -> Run:
     else:
         run.notes.append(f"{METRICS} missing: no curves")
     if SUMMARY in present:
-        try:
-            summary = json.loads((path / SUMMARY).read_text(encoding="utf-8"))
-            if isinstance(summary, dict):
-                run.summary = summary
-            else:
-                run.notes.append(f"{path / SUMMARY}: not a JSON object; run treated as incomplete")
-        except (OSError, json.JSONDecodeError) as err:
-            run.notes.append(f"{path / SUMMARY}: unreadable ({err}); run treated as incomplete")
+        run.summary = _read_mapping(
+            path / SUMMARY, json.loads, (OSError, json.JSONDecodeError), run.notes,
+            not_mapping="not a JSON object; run treated as incomplete",
+            unreadable=lambda err: f"unreadable ({err}); run treated as incomplete",
+        )  # fmt: skip
     else:
         last = run.last_train()
         where = f"last train record at step {last.get('step')}" if last else "no train record"
