@@ -9,8 +9,14 @@ benchmarks/results/runs/<name>/<policy>-r<repeat> and, at the end, writes the re
 (`python -m slipstream_rec.report`; the first policy's first repeat is the reference) into
 benchmarks/results/report_<name>/report.html. Both folders of <name> are cleared at start.
 
+With ``--random-control POLICY``, each repeat also runs the control right after POLICY:
+``slipstream=random`` skipping a uniform random fraction equal to the skip fraction POLICY
+measured in that repeat (label ``random@POLICY``). Same data, seed and number of trained samples:
+POLICY's staleness selection is worth something only if its AUC beats the control's.
+
     .venv/bin/python benchmarks/slipstream_policies.py                       # default config
     .venv/bin/python benchmarks/slipstream_policies.py --name skewed data=synthetic_skewed
+    .venv/bin/python benchmarks/slipstream_policies.py --policies off,paper_plus --random-control paper_plus
 """
 
 from __future__ import annotations
@@ -32,10 +38,15 @@ FIELDS = ["train_seconds", "samples_trained", "samples_seen", "skip_fraction", "
 
 
 def run_policy(policy: str, nproc: int, overrides: List[str], run_dir: Path) -> Dict:
+    """One run of ``policy`` (a conf/slipstream/ name, or random@<fraction> for the control)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    if policy.startswith("random@"):
+        choice = ["slipstream=random", f"slipstream.random_skip_fraction={policy.split('@')[1]}"]
+    else:
+        choice = [f"slipstream={policy}"]
     cmd = [
         str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc), "-m", "slipstream_rec.train",
-        f"slipstream={policy}", "trainer.eval_every_steps=0", "trainer.progress_bar=false",
+        *choice, "trainer.eval_every_steps=0", "trainer.progress_bar=false",
         "trainer.tensorboard=false", f"trainer.run_dir={run_dir}", *overrides,
     ]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -58,9 +69,22 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--name", default="default", help="name of this setting in the results file")
+    p.add_argument("--random-control", default="", metavar="POLICY",
+                   help="after each run of POLICY, run slipstream=random at its measured skip fraction")
     p.add_argument("overrides", nargs="*", help="Hydra overrides applied to every run")
     args = p.parse_args()
     policies = args.policies.split(",")
+    control_of = args.random_control
+    if control_of and control_of not in policies:
+        raise SystemExit(f"--random-control {control_of}: not among --policies {args.policies}")
+    if control_of and any(o.replace(" ", "").lower() == "slipstream.negatives_only=true" for o in args.overrides):
+        raise SystemExit(
+            "--random-control with slipstream.negatives_only=true is not supported: the control's "
+            "fraction of non-clicks would need the label rate. Run slipstream=random "
+            "slipstream.negatives_only=true slipstream.random_skip_fraction=<skip / (1 - ctr)> by hand."
+        )
+    control = f"random@{control_of}"
+    labels = policies + ([control] if control_of else [])
 
     runs_root = ROOT / "benchmarks" / "results" / "runs" / args.name
     report = ROOT / "benchmarks" / "results" / f"report_{args.name}"
@@ -68,15 +92,22 @@ def main() -> None:
         if stale.exists():
             shutil.rmtree(stale)
     runs_root.mkdir(parents=True)
-    runs: Dict[str, List[Dict]] = {pol: [] for pol in policies}
+    runs: Dict[str, List[Dict]] = {label: [] for label in labels}
+
+    def measure(label: str, policy: str, r: int) -> Dict:
+        res = run_policy(policy, args.nproc, args.overrides, runs_root / f"{label}-r{r}")
+        runs[label].append(res)
+        print(f"repeat {r} {label:>11}: {res['train_seconds']:.1f}s trained {res['samples_trained']} "
+              f"skip {res['skip_fraction']:.3f} val_auc {res['val_auc']:.4f} test_auc {res['test_auc']:.4f}",
+              flush=True)
+        return res
+
     for r in range(args.repeats):
         order = policies if r % 2 == 0 else list(reversed(policies))
         for pol in order:
-            res = run_policy(pol, args.nproc, args.overrides, runs_root / f"{pol}-r{r}")
-            runs[pol].append(res)
-            print(f"repeat {r} {pol:>11}: {res['train_seconds']:.1f}s trained {res['samples_trained']} "
-                  f"skip {res['skip_fraction']:.3f} val_auc {res['val_auc']:.4f} test_auc {res['test_auc']:.4f}",
-                  flush=True)
+            res = measure(pol, pol, r)
+            if pol == control_of:  # the control right after its reference, at its skip fraction
+                measure(control, f"random@{res['skip_fraction']:.6f}", r)
 
     def med(pol: str, key: str) -> float:
         return statistics.median(x[key] for x in runs[pol])
@@ -87,7 +118,7 @@ def main() -> None:
               "test logloss", "speedup", "ideal", "efficiency")
     print(" | ".join(header))
     table = {}
-    for pol in policies:
+    for pol in labels:
         skip = med(pol, "skip_fraction")
         secs = med(pol, "train_seconds")
         speedup = base / secs if base else float("nan")
@@ -102,12 +133,17 @@ def main() -> None:
         print(f"{pol} | {secs:.1f} | {row['samples_trained']:.0f} | {skip:.3f} | {row['val_auc']:.4f} | "
               f"{row['val_logloss']:.4f} | {row['test_auc']:.4f} | {row['test_logloss']:.4f} | "
               f"{speedup:.3f} | {ideal:.3f} | {speedup / ideal:.2f}")
+    if control_of:
+        a, b = table[control_of], table[control]
+        print(f"{control_of} minus its random control (same skip fraction): test AUC "
+              f"{a['test_auc'] - b['test_auc']:+.4f}, val AUC {a['val_auc'] - b['val_auc']:+.4f}, "
+              f"train s {a['train_seconds'] - b['train_seconds']:+.1f}")
     out = ROOT / "benchmarks" / "results" / f"slipstream_{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
                                "runs": runs, "median": table}, indent=2) + "\n")
     print(f"raw: {out.relative_to(ROOT)}")
-    write_report([runs_root / f"{pol}-r{r}" for pol in policies for r in range(args.repeats)], report)
+    write_report([runs_root / f"{label}-r{r}" for label in labels for r in range(args.repeats)], report)
 
 
 if __name__ == "__main__":

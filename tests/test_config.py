@@ -117,6 +117,21 @@ def test_slipstream_policies_set_their_safeguards():
     }
 
 
+def test_random_control_needs_its_fraction_and_only_it_takes_one():
+    from slipstream_rec.slipstream.config import Policy
+
+    rnd = load_config(["slipstream=random", "slipstream.random_skip_fraction=0.28"]).slipstream
+    assert rnd.policy is Policy.random and rnd.policy.skips and not rnd.policy.tracks
+    assert rnd.keep_probability == 0 and rnd.random_skip_fraction == 0.28
+    assert load_config(["slipstream=random"]).slipstream.random_skip_fraction == 0.3  # the paper's D
+    with pytest.raises(ValueError, match=r"slipstream.random_skip_fraction=0.0 .*slipstream=random"):
+        load_config(["slipstream=random", "slipstream.random_skip_fraction=0"])
+    with pytest.raises(ValueError, match=r"slipstream.random_skip_fraction=0.2 .*0 with every other"):
+        load_config(["slipstream=paper_plus", "slipstream.random_skip_fraction=0.2"])
+    with pytest.raises(ValueError, match=r"slipstream.random_skip_fraction=1.0 .*\[0, 1\)"):
+        load_config(["slipstream=random", "slipstream.random_skip_fraction=1.0"])
+
+
 def test_slipstream_counting_must_count_at_least_one_step():
     with pytest.raises(ValueError, match="slipstream.count_fraction"):
         load_config(["slipstream=paper_plus", "slipstream.count_steps=10", "slipstream.count_fraction=0.05"])

@@ -19,14 +19,17 @@ class Policy(Enum):
     track_only = "track_only"  # all tracking and sync, nothing skipped: measures the overhead
     paper = "paper"  # the paper's artifact defaults: stale once = stale forever, one threshold
     paper_plus = "paper_plus"  # ours: re-activation, refreshed threshold, unbiased sampling, ceiling
+    # The control: nothing tracked, a uniform random fraction of the samples is skipped. A
+    # staleness policy is worth its cost only if it beats this at the same skip fraction.
+    random = "random"
 
     @property
     def tracks(self) -> bool:
-        return self is not Policy.off
+        return self not in (Policy.off, Policy.random)
 
     @property
     def skips(self) -> bool:
-        return self in (Policy.paper, Policy.paper_plus)
+        return self in (Policy.paper, Policy.paper_plus, Policy.random)
 
 
 class ChangeMetric(Enum):
@@ -38,7 +41,7 @@ class ChangeMetric(Enum):
 class SlipstreamConfig:
     """Selects and tunes the Slipstream policy. Steps are training steps (global batches)."""
 
-    # off, track_only, paper or paper_plus.
+    # off, track_only, paper, paper_plus or random (the control).
     policy: Policy = Policy.off
 
     # --- hot-row discovery (on every shard, from what it looks up after the input all-to-all)
@@ -89,6 +92,12 @@ class SlipstreamConfig:
     # two snapshots, the first moment a change can be measured).
     warmup_steps: int = 0
 
+    # --- the control (policy random only)
+    # Fraction of the samples skipped uniformly at random, whatever their lookups. Set it to the
+    # skip fraction of the run it controls (benchmarks/slipstream_policies.py --random-control
+    # does). negatives_only and max_skip_fraction apply as for the other policies.
+    random_skip_fraction: float = 0.0
+
     def validate(self) -> None:
         checks = [
             ("count_steps", self.count_steps >= 1, "a positive step count"),
@@ -104,6 +113,14 @@ class SlipstreamConfig:
             ("max_skip_fraction", 0 <= self.max_skip_fraction <= 1, "a fraction in [0, 1]"),
             ("window_samples", self.window_samples >= 1, "a positive sample count"),
             ("warmup_steps", self.warmup_steps >= 0, "0 or more steps"),
+            ("random_skip_fraction", 0 <= self.random_skip_fraction < 1, "a fraction in [0, 1)"),
+            (
+                "random_skip_fraction",
+                (self.random_skip_fraction > 0) == (self.policy is Policy.random),
+                "a fraction > 0 with slipstream=random (the skip fraction of the run it controls, "
+                "e.g. slipstream.random_skip_fraction=0.28), and 0 with every other policy, which "
+                "skips by staleness",
+            ),
         ]
         checks.append(
             (

@@ -12,8 +12,9 @@ done (``after_step``). The controller:
    skippable samples (with the safeguards) and refills batches to a constant size;
 5. keeps all ranks in lock-step: every step all ranks agree whether each has a batch.
 
-With policy ``off`` none of the tracking happens and every sample is kept; the stream, the
-lock-step agreement and the counters are the same code.
+With policy ``off`` none of the tracking happens and every sample is kept; with ``random`` (the
+control) nothing is tracked either and the decider skips a uniform random fraction. The stream,
+the lock-step agreement and the counters are the same code for every policy.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class SlipstreamController:
             seed=seed * 1000 + rank,  # independent draws per rank, reproducible per run
             enabled=cfg.policy.skips,
             negatives_only=cfg.negatives_only,
+            random_fraction=cfg.random_skip_fraction,
         )
         self.stream: Optional[SkippingStream] = None
         self._streams_done: Dict[str, int] = {"seen": 0, "skipped": 0, "dropped": 0}
@@ -131,7 +133,7 @@ class SlipstreamController:
 
     def _decide(self, batch: Batch) -> Any:
         t0 = time.perf_counter()
-        if self.tracker is None:  # off: keep everything, classify nothing
+        if not self.cfg.policy.skips and self.tracker is None:  # off: keep all, classify nothing
             out = torch.ones(batch.batch_size, dtype=torch.bool), torch.ones(batch.batch_size)
         else:
             out = self.decider(batch)
@@ -291,7 +293,7 @@ class SlipstreamController:
             "samples_dropped": dropped,
             # what the classifier and safeguards decided, whether or not the policy skips
             # (track_only: what paper_plus would have skipped on the same stream)
-            "samples_would_skip": int(self.decider.totals.skipped) if self.tracker is not None else 0,
+            "samples_would_skip": int(self.decider.totals.skipped),  # 0 under off: never asked
         }
 
     def global_counters(self) -> Dict[str, int]:

@@ -72,6 +72,7 @@ class SkipDecider:
         seed: int = 0,
         enabled: bool = True,
         negatives_only: bool = False,
+        random_fraction: float = 0.0,
     ) -> None:
         # index: flat key space of all tables (maps KJT lookups to rows of row_state).
         # row_state: per-row change; a row is stale iff change < threshold.
@@ -83,6 +84,8 @@ class SkipDecider:
         # seed: seeds the p-draws; decisions are deterministic given seed and inputs.
         # enabled: False = tracking only: keep everything with weight 1, still count would-be skips.
         # negatives_only: only samples with label 0 are skippable.
+        # random_fraction: > 0 = the control: a sample is skippable with this probability,
+        #   whatever its lookups (no threshold, no staleness); 0 = classify by staleness.
         if row_state.num_rows != index.num_rows:
             raise ValueError(
                 f"SkipDecider: row_state has {row_state.num_rows} rows but index has {index.num_rows}"
@@ -105,6 +108,9 @@ class SkipDecider:
         self.seed = seed
         self.enabled = bool(enabled)
         self.negatives_only = bool(negatives_only)
+        self.random_fraction = _check_fraction(
+            "random_skip_fraction", random_fraction, "fraction of samples skipped at random"
+        )
         # Skip budget per window; the epsilon keeps 0.3 * 10 at 3.
         self.window_budget = int(math.floor(self.max_skip_fraction * window_samples + 1e-9))
         self._gen = torch.Generator().manual_seed(seed)
@@ -132,11 +138,15 @@ class SkipDecider:
 
     def __call__(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
         n = batch.batch_size
-        sk = self.classify(batch)
+        if self.random_fraction > 0:
+            # The control: skippability is its own draw (independent of the p-draw below).
+            sk = torch.rand(n, generator=self._gen) < self.random_fraction
+        else:
+            sk = self.classify(batch)
+        u = torch.rand(n, generator=self._gen)  # drawn for every sample: a stable random stream
         if self.negatives_only:
             sk = sk & (batch.labels.view(-1) == 0)
         p = self.keep_probability
-        u = torch.rand(n, generator=self._gen)  # drawn for every sample: a stable random stream
         drawn_keep = u < p
         cand = sk & ~drawn_keep  # would be skipped if the window budget allows
 
@@ -208,6 +218,7 @@ class SkipDecider:
             "enabled": self.enabled,
             "alpha": self.alpha,
             "keep_probability": self.keep_probability,
+            "random_fraction": self.random_fraction,
             "max_skip_fraction": self.max_skip_fraction,
             "window_samples": self.window_samples,
             "window_budget": self.window_budget,

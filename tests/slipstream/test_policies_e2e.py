@@ -2,8 +2,9 @@
 
 `experiment=skewed_quick` (400k rows, Zipf 1.5, small DLRM): off, track_only and paper_plus on the
 same data and seed. Checks that every policy runs the same loop and reports its counters
-consistently, that track_only skips nothing, and that paper_plus skips a substantial fraction
-while its validation AUC stays close to off's.
+consistently, that track_only skips nothing, that paper_plus skips a substantial fraction
+while its validation AUC stays close to off's, and that the random control skips the fraction it
+is given without tracking anything.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ AUC_TOLERANCE = 0.002  # the issue's bound; measured here: 0.0018 (seeds 0 and 1
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("policies")
     out = {}
-    for policy in ("off", "track_only", "paper_plus"):
+    for policy in ("off", "track_only", "paper_plus", "random"):
         run_dir = root / policy
+        # the control skips at the fraction paper_plus reached (as the benchmark's --random-control)
+        extra = [f"slipstream.random_skip_fraction={out['paper_plus'][0]['skip_fraction']}"] if policy == "random" else []
         _run(
             [
                 str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "slipstream_rec.train",
                 "experiment=skewed_quick", f"data.root={root / 'data'}", f"trainer.run_dir={run_dir}",
-                "trainer.progress_bar=false", "trainer.test_at_end=false", f"slipstream={policy}",
+                "trainer.progress_bar=false", "trainer.test_at_end=false", f"slipstream={policy}", *extra,
             ]
         )
         out[policy] = (json.loads((run_dir / "summary.json").read_text()), run_dir)
@@ -66,3 +69,15 @@ def test_paper_plus_skips_a_substantial_fraction_and_keeps_accuracy(runs):
     assert s["steps"] < off["steps"]
     assert abs(s["val_auc"] - off["val_auc"]) < AUC_TOLERANCE, (s["val_auc"], off["val_auc"])
     assert s["slipstream_overhead_seconds"] < 0.2 * s["train_seconds"]
+
+
+def test_random_control_skips_its_fraction_and_tracks_nothing(runs):
+    s, _ = runs["random"]
+    plus, _ = runs["paper_plus"]
+    f = plus["skip_fraction"]
+    assert s["policy"] == "random" and s["hot_rows"] == 0 and s["threshold"] is None
+    # binomial: every sample seen is skipped with probability f, independently
+    sigma = (f * (1 - f) / s["samples_seen"]) ** 0.5
+    assert abs(s["skip_fraction"] - f) < 5 * sigma, (s["skip_fraction"], f, sigma)
+    assert s["samples_trained"] == s["steps"] * 1024 * 2
+    assert s["samples_seen"] - s["samples_trained"] - s["samples_skipped"] < 3 * 1024 * 2

@@ -77,6 +77,34 @@ def test_negatives_only_never_skips_a_click() -> None:
     assert (w == 1).all() and dec.totals.skippable == 50
 
 
+def test_random_control_ignores_staleness() -> None:
+    # No row is stale and there is no threshold: the control still skips a fraction f of all
+    # samples, independently of their ids; negatives_only restricts it to non-clicks.
+    idx, st = _setup(torch.zeros(0, dtype=torch.int64))
+    f, n = 0.3, 40_000
+    dec = SkipDecider(idx, st, threshold=None, random_fraction=f, seed=5)
+    ids = torch.arange(n) % N_ROWS
+    keep, w = dec(_batch(ids))
+    assert (w == 1).all()
+    skipped = ~keep
+    sigma = math.sqrt(f * (1 - f) / n)
+    assert abs(float(skipped.float().mean()) - f) < 4 * sigma
+    # independent of the ids: both halves of the id range are skipped at the same rate
+    low = ids < N_ROWS // 2
+    assert abs(float(skipped[low].float().mean()) - float(skipped[~low].float().mean())) < 8 * sigma
+    assert dec.totals.skippable == dec.totals.skipped == int(skipped.sum())
+
+    neg = SkipDecider(idx, st, threshold=None, random_fraction=f, seed=5, negatives_only=True)
+    batch = _batch(ids)
+    batch.labels = (ids % 4 == 0).float()
+    keep_neg, _ = neg(batch)
+    assert keep_neg[batch.labels == 1].all()
+    # the same draws as the plain control, restricted to non-clicks
+    assert torch.equal(~keep_neg, skipped & (batch.labels == 0))
+    with pytest.raises(ValueError, match="slipstream.random_skip_fraction"):
+        SkipDecider(idx, st, random_fraction=1.5)
+
+
 @pytest.mark.parametrize("p", [0.0, 0.4])
 def test_ceiling_per_window(p: float) -> None:
     idx, st = _setup(torch.arange(0, 800))  # 80% of ids skippable
