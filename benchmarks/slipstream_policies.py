@@ -14,6 +14,11 @@ With ``--random-control POLICY``, each repeat also runs the control right after 
 measured in that repeat (label ``random@POLICY``). Same data, seed and number of trained samples:
 POLICY's staleness selection is worth something only if its AUC beats the control's.
 
+With ``--vary-seed``, repeat r runs every policy with ``trainer.seed=r`` (model initialisation
+and the skip draws change; the data does not). Runs are deterministic on CPU, so repeats with one
+seed differ only in seconds; varying the seed measures how much AUC moves from seed to seed, and
+the table adds each policy's AUC difference to off *within* a seed (paired): mean and spread.
+
     .venv/bin/python benchmarks/slipstream_policies.py                       # default config
     .venv/bin/python benchmarks/slipstream_policies.py --name skewed data=synthetic_skewed
     .venv/bin/python benchmarks/slipstream_policies.py --policies off,paper_plus --random-control paper_plus
@@ -67,6 +72,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--policies", default="off,track_only,paper_plus")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--vary-seed", action="store_true", help="repeat r uses trainer.seed=r")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--name", default="default", help="name of this setting in the results file")
     p.add_argument("--random-control", default="", metavar="POLICY",
@@ -95,7 +101,8 @@ def main() -> None:
     runs: Dict[str, List[Dict]] = {label: [] for label in labels}
 
     def measure(label: str, policy: str, r: int) -> Dict:
-        res = run_policy(policy, args.nproc, args.overrides, runs_root / f"{label}-r{r}")
+        seed = [f"trainer.seed={r}"] if args.vary_seed else []
+        res = run_policy(policy, args.nproc, [*args.overrides, *seed], runs_root / f"{label}-r{r}")
         runs[label].append(res)
         print(f"repeat {r} {label:>11}: {res['train_seconds']:.1f}s trained {res['samples_trained']} "
               f"skip {res['skip_fraction']:.3f} val_auc {res['val_auc']:.4f} test_auc {res['test_auc']:.4f}",
@@ -113,7 +120,9 @@ def main() -> None:
         return statistics.median(x[key] for x in runs[pol])
 
     base = med("off", "train_seconds") if "off" in runs else None
-    print(f"\nsetting {args.name}: median over {args.repeats} repeats, {args.nproc} ranks, overrides {args.overrides}")
+    print(f"\nsetting {args.name}: median over {args.repeats} repeats"
+          f"{' (seeds 0..%d)' % (args.repeats - 1) if args.vary_seed else ''}, {args.nproc} ranks, "
+          f"overrides {args.overrides}")
     header = ("policy", "train s", "samples trained", "skip", "val AUC", "val logloss", "test AUC",
               "test logloss", "speedup", "ideal", "efficiency")
     print(" | ".join(header))
@@ -133,6 +142,21 @@ def main() -> None:
         print(f"{pol} | {secs:.1f} | {row['samples_trained']:.0f} | {skip:.3f} | {row['val_auc']:.4f} | "
               f"{row['val_logloss']:.4f} | {row['test_auc']:.4f} | {row['test_logloss']:.4f} | "
               f"{speedup:.3f} | {ideal:.3f} | {speedup / ideal:.2f}")
+    if args.vary_seed and args.repeats > 1:
+        # Paired by seed: the seed-to-seed spread of AUC cancels in each difference.
+        print(f"test AUC over seeds 0..{args.repeats - 1}: mean, sample std; paired difference to "
+              f"{'off and to the control' if control_of else 'off'}: mean, std, per seed")
+        for label in labels:
+            aucs = [x["test_auc"] for x in runs[label]]
+            line = f"{label}: test AUC {statistics.mean(aucs):.4f} +- {statistics.stdev(aucs):.4f}"
+            refs = [ref for ref in ("off", control if label == control_of else None) if ref in runs and ref != label]
+            for ref in refs:
+                d = [a - b for a, b in zip(aucs, (x["test_auc"] for x in runs[ref]))]
+                line += (f"; minus {ref} {statistics.mean(d):+.4f} +- {statistics.stdev(d):.4f} "
+                         f"({', '.join(f'{v:+.4f}' for v in d)})")
+            table[label]["test_auc_mean"] = statistics.mean(aucs)
+            table[label]["test_auc_std"] = statistics.stdev(aucs)
+            print(line)
     if control_of:
         a, b = table[control_of], table[control]
         print(f"{control_of} minus its random control (same skip fraction): test AUC "
@@ -141,6 +165,7 @@ def main() -> None:
     out = ROOT / "benchmarks" / "results" / f"slipstream_{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
+                               "vary_seed": args.vary_seed,
                                "runs": runs, "median": table}, indent=2) + "\n")
     print(f"raw: {out.relative_to(ROOT)}")
     write_report([runs_root / f"{label}-r{r}" for label in labels for r in range(args.repeats)], report)

@@ -132,6 +132,14 @@ def test_random_control_needs_its_fraction_and_only_it_takes_one():
         load_config(["slipstream=random", "slipstream.random_skip_fraction=1.0"])
 
 
+def test_negative_sampling_is_the_random_policy_on_non_clicks():
+    from slipstream_rec.slipstream.config import Policy
+
+    neg = load_config(["slipstream=negative_sampling"]).slipstream
+    assert neg.policy is Policy.random and neg.negatives_only and neg.keep_probability == 0
+    assert neg.random_skip_fraction == pytest.approx(2 / 3, abs=1e-5) and neg.max_skip_fraction == 1
+
+
 def test_slipstream_counting_must_count_at_least_one_step():
     with pytest.raises(ValueError, match="slipstream.count_fraction"):
         load_config(["slipstream=paper_plus", "slipstream.count_steps=10", "slipstream.count_fraction=0.05"])

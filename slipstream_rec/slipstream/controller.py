@@ -20,6 +20,7 @@ the lock-step agreement and the counters are the same code for every policy.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -29,7 +30,7 @@ from torch import nn
 
 from slipstream_rec.data.types import Batch
 from slipstream_rec.slipstream.classify import per_sample_max_change, threshold_for_target
-from slipstream_rec.slipstream.config import SlipstreamConfig
+from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.slipstream.sampling import SkipDecider
 from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
@@ -278,6 +279,24 @@ class SlipstreamController:
                     m.count_seconds = float(v)
             self.tracker.set_counting(self._counts_step(self.step + 1))
         return exact
+
+    def eval_logit_offset(self) -> float:
+        """What evaluation adds to every logit so that predicted click rates stay calibrated.
+
+        Uniform negative downsampling (policy random with negatives_only, pure skipping) trains
+        on the non-clicks kept at rate q = 1 - random_skip_fraction, so the model's odds come out
+        1/q too high; log(q) undoes exactly that (He et al., "Practical Lessons from Predicting
+        Clicks on Ads at Facebook", 2014). A monotone shift of every logit leaves AUC unchanged.
+        Every other case is 0: with p > 0 the 1/p weights already keep the loss unbiased, and a
+        skip that depends on the lookups shifts some inputs' odds and not others', which no
+        single offset corrects (the staleness policies with negatives_only are not calibrated).
+        With a ceiling (max_skip_fraction < 1) that binds, fewer non-clicks are skipped than q
+        assumes and the correction overshoots; conf/slipstream/random.yaml has no ceiling.
+        """
+        c = self.cfg
+        if c.policy is Policy.random and c.negatives_only and c.keep_probability == 0:
+            return math.log(1.0 - c.random_skip_fraction)
+        return 0.0
 
     # ---- reporting --------------------------------------------------------------------------
     def counters(self) -> Dict[str, int]:

@@ -128,9 +128,12 @@ class InFlight:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device) -> Dict[str, float]:
+def evaluate(
+    model: nn.Module, batches: Iterable[Any], device: torch.device, logit_offset: float = 0.0
+) -> Dict[str, float]:
     """Exact AUC / log loss over every batch of a split on all ranks. Collective: all ranks enter,
-    each with the same number of batches (the loaders guarantee it)."""
+    each with the same number of batches (the loaders guarantee it). ``logit_offset`` is added to
+    every logit (a calibration correction: AUC is unchanged, log loss is not)."""
     was_training = model.training
     model.eval()
     logits: List[torch.Tensor] = []
@@ -141,7 +144,7 @@ def evaluate(model: nn.Module, batches: Iterable[Any], device: torch.device) -> 
         logits.append(batch_logits)
         labels.append(batch_labels)
     model.train(was_training)
-    return evaluate_predictions(torch.cat(logits), torch.cat(labels))
+    return evaluate_predictions(torch.cat(logits) + logit_offset, torch.cat(labels))
 
 
 class Trainer:
@@ -394,7 +397,7 @@ class Trainer:
         """Pause the pipeline (its in-flight batches are kept), evaluate, resume on next step."""
         t0 = time.perf_counter()
         model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
-        result = evaluate(model, loader, self.env.device)
+        result = evaluate(model, loader, self.env.device, self.slipstream.eval_logit_offset())
         self.state.eval_seconds += time.perf_counter() - t0
         record = {"split": split, "samples_trained": self.state.samples_trained, **result}
         self.state.history.append({"step": self.state.step, **record})
@@ -443,6 +446,7 @@ class Trainer:
             "hot_rows": slip["hot_rows"],
             "stale_rows": slip["stale_rows"],
             "threshold": slip["threshold"],
+            "eval_logit_offset": self.slipstream.eval_logit_offset(),
             "slipstream_overhead_seconds": round(float(overhead.item()), 3),
             "time_breakdown_rank0": {k: round(v, 3) for k, v in self.time_breakdown().items()},
             "slipstream": {

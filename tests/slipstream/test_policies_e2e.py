@@ -10,6 +10,7 @@ is given without tracking anything.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -22,10 +23,13 @@ AUC_TOLERANCE = 0.002  # the issue's bound; measured here: 0.0018 (seeds 0 and 1
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("policies")
     out = {}
-    for policy in ("off", "track_only", "paper_plus", "random"):
-        run_dir = root / policy
-        # the control skips at the fraction paper_plus reached (as the benchmark's --random-control)
-        extra = [f"slipstream.random_skip_fraction={out['paper_plus'][0]['skip_fraction']}"] if policy == "random" else []
+    for name in ("off", "track_only", "paper_plus", "random", "random_negatives"):
+        run_dir = root / name
+        policy, extra = name, []
+        if name == "random":  # the control, at the fraction paper_plus reached (as --random-control)
+            extra = [f"slipstream.random_skip_fraction={out['paper_plus'][0]['skip_fraction']}"]
+        if name == "random_negatives":  # uniform negative downsampling: half the non-clicks
+            policy, extra = "random", ["slipstream.negatives_only=true", "slipstream.random_skip_fraction=0.5"]
         _run(
             [
                 str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "slipstream_rec.train",
@@ -33,7 +37,7 @@ def runs(tmp_path_factory):
                 "trainer.progress_bar=false", "trainer.test_at_end=false", f"slipstream={policy}", *extra,
             ]
         )
-        out[policy] = (json.loads((run_dir / "summary.json").read_text()), run_dir)
+        out[name] = (json.loads((run_dir / "summary.json").read_text()), run_dir)
     return out
 
 
@@ -81,3 +85,16 @@ def test_random_control_skips_its_fraction_and_tracks_nothing(runs):
     assert abs(s["skip_fraction"] - f) < 5 * sigma, (s["skip_fraction"], f, sigma)
     assert s["samples_trained"] == s["steps"] * 1024 * 2
     assert s["samples_seen"] - s["samples_trained"] - s["samples_skipped"] < 3 * 1024 * 2
+
+
+def test_negative_downsampling_is_calibrated_at_eval(runs):
+    s, _ = runs["random_negatives"]
+    off, _ = runs["off"]
+    # half the non-clicks skipped, no click ever skipped: skip = 0.5 x the non-click rate
+    assert 0.3 < s["skip_fraction"] < 0.45, s["skip_fraction"]
+    assert s["eval_logit_offset"] == pytest.approx(math.log(0.5))
+    assert off["eval_logit_offset"] == 0.0
+    # Trained on non-clicks kept at rate 1/2, the raw odds are 2x too high (measured on the
+    # default data with 2/3 of the non-clicks skipped and no offset: test log loss 0.5745 vs
+    # off's 0.4674); with the offset, log loss stays close to off's.
+    assert s["val_logloss"] < off["val_logloss"] + 0.01, (s["val_logloss"], off["val_logloss"])

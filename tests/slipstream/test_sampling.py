@@ -183,3 +183,20 @@ def test_validation_names_config_keys() -> None:
     for kw, key in cases:
         with pytest.raises(ValueError, match=key):
             SkipDecider(idx, st, **kw)
+
+
+def test_eval_logit_offset_only_for_uniform_negative_downsampling() -> None:
+    from torch import nn
+
+    from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
+    from slipstream_rec.slipstream.controller import SlipstreamController
+
+    def offset(**kw) -> float:
+        cfg = SlipstreamConfig(**kw)
+        return SlipstreamController(cfg, nn.Linear(1, 1), ["a"], [10], 4, seed=0, rank=0).eval_logit_offset()
+
+    assert offset(policy=Policy.random, random_skip_fraction=0.6, negatives_only=True) == pytest.approx(math.log(0.4))
+    assert offset(policy=Policy.random, random_skip_fraction=0.6) == 0.0  # clicks skipped alike: calibrated
+    # p > 0: the 1/p weights keep the loss unbiased already
+    assert offset(policy=Policy.random, random_skip_fraction=0.6, negatives_only=True, keep_probability=0.5) == 0.0
+    assert offset(policy=Policy.off) == 0.0
