@@ -42,13 +42,9 @@ FIELDS = ["train_seconds", "samples_trained", "samples_seen", "skip_fraction", "
           "test_auc", "test_logloss", "slipstream_overhead_seconds", "steps", "threshold", "hot_rows", "stale_rows"]
 
 
-def run_policy(policy: str, nproc: int, overrides: List[str], run_dir: Path) -> Dict:
-    """One run of ``policy`` (a conf/slipstream/ name, or random@<fraction> for the control)."""
+def run_policy(choice: List[str], nproc: int, overrides: List[str], run_dir: Path) -> Dict:
+    """One run; ``choice`` selects the policy (``slipstream=<name>`` and its own overrides)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    if policy.startswith("random@"):
-        choice = ["slipstream=random", f"slipstream.random_skip_fraction={policy.split('@')[1]}"]
-    else:
-        choice = [f"slipstream={policy}"]
     cmd = [
         str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc), "-m", "slipstream_rec.train",
         *choice, "trainer.eval_every_steps=0", "trainer.progress_bar=false",
@@ -100,9 +96,9 @@ def main() -> None:
     runs_root.mkdir(parents=True)
     runs: Dict[str, List[Dict]] = {label: [] for label in labels}
 
-    def measure(label: str, policy: str, r: int) -> Dict:
+    def measure(label: str, choice: List[str], r: int) -> Dict:
         seed = [f"trainer.seed={r}"] if args.vary_seed else []
-        res = run_policy(policy, args.nproc, [*args.overrides, *seed], runs_root / f"{label}-r{r}")
+        res = run_policy(choice, args.nproc, [*args.overrides, *seed], runs_root / f"{label}-r{r}")
         runs[label].append(res)
         print(f"repeat {r} {label:>11}: {res['train_seconds']:.1f}s trained {res['samples_trained']} "
               f"skip {res['skip_fraction']:.3f} val_auc {res['val_auc']:.4f} test_auc {res['test_auc']:.4f}",
@@ -112,9 +108,9 @@ def main() -> None:
     for r in range(args.repeats):
         order = policies if r % 2 == 0 else list(reversed(policies))
         for pol in order:
-            res = measure(pol, pol, r)
+            res = measure(pol, [f"slipstream={pol}"], r)
             if pol == control_of:  # the control right after its reference, at its skip fraction
-                measure(control, f"random@{res['skip_fraction']:.6f}", r)
+                measure(control, ["slipstream=random", f"slipstream.random_skip_fraction={res['skip_fraction']:.6f}"], r)
 
     def med(pol: str, key: str) -> float:
         return statistics.median(x[key] for x in runs[pol])
@@ -148,14 +144,14 @@ def main() -> None:
               f"{'off and to the control' if control_of else 'off'}: mean, std, per seed")
         for label in labels:
             aucs = [x["test_auc"] for x in runs[label]]
-            line = f"{label}: test AUC {statistics.mean(aucs):.4f} +- {statistics.stdev(aucs):.4f}"
+            mean, std = statistics.mean(aucs), statistics.stdev(aucs)
+            table[label]["test_auc_mean"], table[label]["test_auc_std"] = mean, std
+            line = f"{label}: test AUC {mean:.4f} +- {std:.4f}"
             refs = [ref for ref in ("off", control if label == control_of else None) if ref in runs and ref != label]
             for ref in refs:
                 d = [a - b for a, b in zip(aucs, (x["test_auc"] for x in runs[ref]))]
                 line += (f"; minus {ref} {statistics.mean(d):+.4f} +- {statistics.stdev(d):.4f} "
                          f"({', '.join(f'{v:+.4f}' for v in d)})")
-            table[label]["test_auc_mean"] = statistics.mean(aucs)
-            table[label]["test_auc_std"] = statistics.stdev(aucs)
             print(line)
     if control_of:
         a, b = table[control_of], table[control]

@@ -134,7 +134,7 @@ class SlipstreamController:
 
     def _decide(self, batch: Batch) -> Any:
         t0 = time.perf_counter()
-        if not self.cfg.policy.skips and self.tracker is None:  # off: keep all, classify nothing
+        if self.cfg.policy is Policy.off:  # keep all, classify nothing
             out = torch.ones(batch.batch_size, dtype=torch.bool), torch.ones(batch.batch_size)
         else:
             out = self.decider(batch)
