@@ -14,6 +14,19 @@ class Arch(Enum):
     dlrm_dcn = "dlrm_dcn"  # DCN-v2 low-rank cross network (torchrec.models.dlrm.DLRM_DCN)
 
 
+class FeatureNorm(Enum):
+    """Normalization of the interaction's inputs (Slipstream's accuracy recovery, arXiv 2404.04270).
+
+    Applied to every pooled embedding (B, F, D) and to the bottom-MLP output (B, D) just before
+    the interaction; see slipstream_rec/model/feature_norm.py for which reading of the paper
+    each option is. Lower-case names so that overrides read ``model.feature_norm=batch``.
+    """
+
+    none = "none"  # no normalization: TorchRec's DLRM unchanged
+    layer = "layer"  # LayerNorm over D of each embedding vector, per-feature affine
+    batch = "batch"  # BatchNorm per feature and dimension, statistics over the global batch
+
+
 @dataclass
 class ModelConfig:
     """A DLRM from torchrec.models.dlrm, one embedding table per categorical feature."""
@@ -30,3 +43,7 @@ class ModelConfig:
     dcn_num_layers: int = 3
     # DCN-v2 only: rank of the low-rank cross weight matrices.
     dcn_low_rank_dim: int = 512
+    # Normalize the interaction's inputs: none (the plain DLRM), layer (LayerNorm over each
+    # embedding's D values) or batch (BatchNorm per feature and dimension, with running
+    # statistics; its training forward is a small all-reduce over all ranks).
+    feature_norm: FeatureNorm = FeatureNorm.none

@@ -12,6 +12,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from slipstream_rec.data.types import Batch
 from slipstream_rec.model.config import Arch, ModelConfig
+from slipstream_rec.model.feature_norm import add_feature_norm
 
 
 def table_name(feature: str) -> str:
@@ -103,4 +104,6 @@ def build_model(
         )
     else:
         dlrm = DLRM(**common)
+    # model.feature_norm: none leaves TorchRec's module as is; layer/batch wrap its interaction.
+    add_feature_norm(dlrm, cfg.feature_norm, cfg.embedding_dim, dense_device)
     return DLRMTask(dlrm)
