@@ -197,11 +197,13 @@ def add_feature_norm(
         raise ValueError("model.feature_norm: this DLRM's interaction is already normalized")
     num_features, dim = len(dlrm.sparse_arch.sparse_feature_names), embedding_dim
     if kind is FeatureNorm.layer:
-        dense_norm, sparse_norm = PerFeatureLayerNorm((dim,), device=device), PerFeatureLayerNorm((num_features, dim), device=device)
+        norm_class: type = PerFeatureLayerNorm
     elif kind is FeatureNorm.batch:
-        dense_norm, sparse_norm = GlobalBatchNorm((dim,), device=device), GlobalBatchNorm((num_features, dim), device=device)
+        norm_class = GlobalBatchNorm
     else:
         raise ValueError(f"model.feature_norm={kind!r}: use one of {[k.value for k in FeatureNorm]}")
+    dense_norm = norm_class((dim,), device=device)  # bottom-MLP output (B, D)
+    sparse_norm = norm_class((num_features, dim), device=device)  # pooled embeddings (B, F, D)
     dlrm.inter_arch = NormalizedInteraction(dlrm.inter_arch, dense_norm, sparse_norm)
     return dlrm
 
@@ -209,7 +211,8 @@ def add_feature_norm(
 def _normalized_dlrm(model: nn.Module) -> nn.Module:
     """The DLRM inside ``model`` (a DLRM, DLRMTask or DMP) whose interaction is normalized."""
     for module in model.modules():
-        if hasattr(module, "dense_arch") and isinstance(getattr(module, "inter_arch", None), NormalizedInteraction):
+        inter = getattr(module, "inter_arch", None)
+        if hasattr(module, "dense_arch") and isinstance(inter, NormalizedInteraction):
             return module
     raise ValueError(
         "observe_dense: the model has no normalized interaction; build it with model.feature_norm=batch"

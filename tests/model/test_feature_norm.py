@@ -119,7 +119,10 @@ def test_none_is_torchrecs_model_bit_for_bit(arch):
     ebc = EmbeddingBagCollection(tables=embedding_bag_configs(cfg, FEATURES, ROWS), device=CPU)
     common = dict(embedding_bag_collection=ebc, dense_in_features=13, dense_arch_layer_sizes=[16, 8],
                   over_arch_layer_sizes=[16, 1], dense_device=CPU)  # fmt: skip
-    plain = DLRM_DCN(**common, dcn_num_layers=2, dcn_low_rank_dim=4) if arch is Arch.dlrm_dcn else DLRM(**common)
+    if arch is Arch.dlrm_dcn:
+        plain = DLRM_DCN(**common, dcn_num_layers=2, dcn_low_rank_dim=4)
+    else:
+        plain = DLRM(**common)
     ours = _model(FeatureNorm.none, arch)
     assert type(ours.model.inter_arch) is type(plain.inter_arch)
     theirs = plain.state_dict()
@@ -191,8 +194,10 @@ def test_observe_dense_moves_only_the_dense_running_statistics():
     norm = model.model.inter_arch.dense_norm
     out = model.model.dense_arch(extra).detach()
     m = norm.momentum
-    torch.testing.assert_close(norm.running_mean, (1 - m) * buffers["model.inter_arch.dense_norm.running_mean"] + m * out.mean(0))
-    torch.testing.assert_close(norm.running_var, (1 - m) * buffers["model.inter_arch.dense_norm.running_var"] + m * out.var(0))
+    old_mean = buffers["model.inter_arch.dense_norm.running_mean"]
+    old_var = buffers["model.inter_arch.dense_norm.running_var"]
+    torch.testing.assert_close(norm.running_mean, (1 - m) * old_mean + m * out.mean(0))
+    torch.testing.assert_close(norm.running_var, (1 - m) * old_var + m * out.var(0))
     assert int(norm.num_batches_tracked) == 2
     for key, value in _norm_buffers(model).items():
         if "sparse_norm" in key:
