@@ -10,9 +10,10 @@ benchmarks/results/runs/<name>/<policy>-r<repeat> and, at the end, writes the re
 benchmarks/results/report_<name>/report.html. Both folders of <name> are cleared at start.
 
 With ``--random-control POLICY``, each repeat also runs the control right after POLICY:
-``slipstream=random`` skipping a uniform random fraction equal to the skip fraction POLICY
-measured in that repeat (label ``random@POLICY``). Same data, seed and number of trained samples:
-POLICY's staleness selection is worth something only if its AUC beats the control's.
+``slipstream=random`` starting to skip at the step POLICY first skipped and skipping at the rate
+that gives POLICY's skip count (``slipstream_rec.slipstream.random_control``; label
+``random@POLICY``). Same data, seed, first skipped step and number of trained samples: POLICY's
+staleness selection is worth something only if its AUC beats the control's.
 
 With ``--vary-seed``, repeat r runs every policy with ``trainer.seed=r`` (model initialisation
 and the skip draws change; the data does not). Runs are deterministic on CPU, so repeats with one
@@ -36,10 +37,14 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from slipstream_rec.slipstream.random_control import random_control_overrides  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-FIELDS = ["train_seconds", "samples_trained", "samples_seen", "skip_fraction", "val_auc", "val_logloss",
-          "test_auc", "test_logloss", "slipstream_overhead_seconds", "steps", "threshold", "hot_rows", "stale_rows"]
+FIELDS = ["train_seconds", "samples_trained", "samples_seen", "samples_skipped", "skip_fraction", "val_auc",
+          "val_logloss", "test_auc", "test_logloss", "slipstream_overhead_seconds", "steps", "threshold",
+          "hot_rows", "stale_rows", "first_skip_step", "target_skip_fraction", "quality_decisions", "policy"]
 
 
 def run_policy(choice: List[str], nproc: int, overrides: List[str], run_dir: Path) -> Dict:
@@ -110,7 +115,7 @@ def main() -> None:
         for pol in order:
             res = measure(pol, [f"slipstream={pol}"], r)
             if pol == control_of:  # the control right after its reference, at its skip fraction
-                measure(control, ["slipstream=random", f"slipstream.random_skip_fraction={res['skip_fraction']:.6f}"], r)
+                measure(control, ["slipstream=random", *random_control_overrides(res)], r)
 
     def med(pol: str, key: str) -> float:
         return statistics.median(x[key] for x in runs[pol])

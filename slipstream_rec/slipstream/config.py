@@ -92,6 +92,27 @@ class SlipstreamConfig:
     # two snapshots, the first moment a change can be measured).
     warmup_steps: int = 0
 
+    # --- the quality check (slipstream/quality.py): the target D steered by measured quality
+    # At every snapshot, before T is refreshed, score a held-out sample of upcoming inputs with
+    # one no-grad forward and compare the log loss of the inputs the policy would skip at its
+    # maximum rate (target_skip_fraction) with the others': while the skip candidates are not
+    # measurably better predicted, lower D by quality_step (down to 0, no skipping); while they
+    # are, raise it back (up to target_skip_fraction). Needs a tracking policy and refresh_threshold.
+    quality_check: bool = False
+    # Upcoming samples per rank scored at each snapshot (taken from the look-ahead buffer; at most
+    # lookahead_batches * batch_size are there).
+    quality_sample_size: int = 2048
+    # Relative log-loss advantage the skip candidates need over the other inputs (0.1: their mean
+    # log loss at least 10% below the others').
+    quality_min_gain: float = 0.1
+    # Standard errors of the difference that the advantage must clear.
+    quality_z: float = 2.0
+    # How much one decision moves D.
+    quality_step: float = 0.1
+    # Fewer skip candidates (or other inputs) than this, summed over ranks: no evidence that
+    # skipping is safe, so D is lowered.
+    quality_min_samples: int = 200
+
     # --- the control (policy random only)
     # Fraction of the samples skipped uniformly at random, whatever their lookups. Set it to the
     # skip fraction of the run it controls (benchmarks/slipstream_policies.py --random-control
@@ -114,6 +135,17 @@ class SlipstreamConfig:
             ("window_samples", self.window_samples >= 1, "a positive sample count"),
             ("warmup_steps", self.warmup_steps >= 0, "0 or more steps"),
             ("random_skip_fraction", 0 <= self.random_skip_fraction < 1, "a fraction in [0, 1)"),
+            ("quality_sample_size", self.quality_sample_size >= 1, "a positive sample count"),
+            ("quality_min_gain", 0 <= self.quality_min_gain < 1, "a fraction in [0, 1)"),
+            ("quality_z", self.quality_z >= 0, "0 or more standard errors"),
+            ("quality_step", 0 < self.quality_step <= 1, "a fraction in (0, 1]"),
+            ("quality_min_samples", self.quality_min_samples >= 2, "at least 2 samples"),
+            (
+                "quality_check",
+                not self.quality_check or (self.policy.tracks and self.refresh_threshold),
+                "false, or a tracking policy (track_only, paper, paper_plus) with "
+                "slipstream.refresh_threshold=true: it steers the threshold refreshed at every snapshot",
+            ),
             (
                 "random_skip_fraction",
                 (self.random_skip_fraction > 0) == (self.policy is Policy.random),

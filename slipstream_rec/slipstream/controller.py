@@ -7,7 +7,9 @@ done (``after_step``). The controller:
 2. snapshots the hot rows every ``snapshot_interval`` steps and publishes every row's change to
    all ranks (collective), re-deciding staleness each time;
 3. chooses the threshold T from a sample of upcoming inputs in the look-ahead buffer
-   (collective), so that the target fraction D of hot inputs would be skipped, capped;
+   (collective), so that the target fraction D of hot inputs would be skipped, capped; with the
+   quality check (``quality.py``), D itself is first moved by how well the model already predicts
+   the inputs it would skip (one no-grad forward of that sample, collective);
 4. classifies each raw batch when the pipeline pulls it, before its input all-to-all, drops the
    skippable samples (with the safeguards) and refills batches to a constant size;
 5. keeps all ranks in lock-step: every step all ranks agree whether each has a batch.
@@ -22,15 +24,21 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from slipstream_rec.data.types import Batch
-from slipstream_rec.slipstream.classify import per_sample_max_change, threshold_for_target
+from slipstream_rec.slipstream.batch_ops import slice_rows
+from slipstream_rec.slipstream.classify import (
+    per_sample_max_change,
+    skippable_by_threshold,
+    threshold_for_target,
+)
 from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
+from slipstream_rec.slipstream.quality import QualityGovernor, QualityStats, group_stats
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.slipstream.sampling import SkipDecider
 from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
@@ -111,6 +119,7 @@ class SlipstreamController:
             self.index,
             self.row_state,
             threshold=self._active_threshold,
+            active=self._past_warmup,
             alpha=cfg.alpha,
             keep_probability=cfg.keep_probability,
             max_skip_fraction=cfg.max_skip_fraction,
@@ -123,14 +132,35 @@ class SlipstreamController:
         self.stream: Optional[SkippingStream] = None
         self._streams_done: Dict[str, int] = {"seen": 0, "skipped": 0, "dropped": 0}
         self.step = 0
+        # The controller's step when this rank first skipped a sample (None: not yet). The random
+        # control of a run starts skipping at that run's step (slipstream.warmup_steps).
+        self.first_skip_step: Optional[int] = None
         self.hot_selection: Optional[Dict[str, Any]] = None
-        self.seconds = {"count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0}
+        self.seconds = {"count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0, "quality": 0.0}
+        self.quality = (
+            QualityGovernor(
+                cfg.target_skip_fraction, cfg.quality_step, cfg.quality_min_gain, cfg.quality_z,
+                cfg.quality_min_samples,
+            )
+            if cfg.quality_check
+            else None
+        )
+        # Per-sample logits of a batch under the current parameters, no grad; a collective (the
+        # sharded forward), so every rank calls it at the same step. Set by the trainer.
+        self.scorer: Optional[Callable[[Batch], torch.Tensor]] = None
         if self.tracker is not None:
             self.tracker.set_counting(self._counts_step(1))
 
     # ---- data side --------------------------------------------------------------------------
+    def _past_warmup(self) -> bool:
+        return self.step >= self.cfg.warmup_steps
+
     def _active_threshold(self) -> Optional[float]:
-        return self.threshold if self.step >= self.cfg.warmup_steps else None
+        return self.threshold if self._past_warmup() else None
+
+    def target_skip_fraction(self) -> float:
+        """The current D: the configured one, or where the quality check has moved it."""
+        return self.quality.target if self.quality is not None else self.cfg.target_skip_fraction
 
     def _decide(self, batch: Batch) -> Any:
         t0 = time.perf_counter()
@@ -138,6 +168,8 @@ class SlipstreamController:
             out = torch.ones(batch.batch_size, dtype=torch.bool), torch.ones(batch.batch_size)
         else:
             out = self.decider(batch)
+            if self.first_skip_step is None and self.cfg.policy.skips and not bool(out[0].all()):
+                self.first_skip_step = self.step
         self.seconds["classify"] += time.perf_counter() - t0
         return out
 
@@ -194,38 +226,87 @@ class SlipstreamController:
         t1 = time.perf_counter()
         measured = self.tracker.snapshot()
         t2 = time.perf_counter()
+        decision = None
         if measured:
             if not cfg.reactivate:
                 # The paper: once stale, stale for the rest of training.
                 frozen_keys = self._frozen_stale.nonzero().flatten()
                 self.row_state.set_changes(frozen_keys, torch.zeros(frozen_keys.numel()))
             if self.threshold is None or cfg.refresh_threshold:
-                self._choose_threshold()
+                decision = self._choose_threshold()
             if not cfg.reactivate and self.threshold is not None:
                 self._frozen_stale |= self.row_state.stale_mask(self.threshold)
         t3 = time.perf_counter()
-        self.seconds["sync"] += (t1 - t0) + (t3 - t2)
+        quality_s = decision["seconds"] if decision else 0.0
+        self.seconds["sync"] += (t1 - t0) + (t3 - t2) - quality_s
         self.seconds["snapshot"] += t2 - t1
-        return self.state_record(with_tables=True)
+        record = self.state_record(with_tables=True)
+        if decision is not None:
+            record["quality"] = decision
+        return record
 
-    def _choose_threshold(self) -> None:
-        """T from upcoming inputs of every rank (collective: one gather of per-sample values)."""
+    def _choose_threshold(self) -> Optional[Dict[str, Any]]:
+        """T from upcoming inputs of every rank (collective: one gather of per-sample values);
+        with the quality check, D is moved first (collectives, see ``_check_quality``). Returns
+        the quality decision's record, if one was taken."""
         assert self.stream is not None, "after_step before wrap"
-        sample = self.stream.peek_upcoming(self.cfg.threshold_sample_size)
+        cfg = self.cfg
+        peek = max(cfg.threshold_sample_size, cfg.quality_sample_size if self.quality else 0)
+        sample = self.stream.peek_upcoming(peek)
         if sample is None:
             values = torch.zeros(0)
         else:
-            values = per_sample_max_change(sample.sparse_features, self.index, self.row_state.change)
+            values = per_sample_max_change(
+                slice_rows(sample, 0, min(sample.batch_size, cfg.threshold_sample_size)).sparse_features,
+                self.index, self.row_state.change,
+            )
         values = gather_varlen(values.float())  # all ranks
-        threshold, info = threshold_for_target(
-            values, self.cfg.target_skip_fraction, self.cfg.max_threshold
-        )
+        decision = None
+        if self.quality is not None:  # config: the same on every rank
+            t_max, _ = threshold_for_target(values, cfg.target_skip_fraction, cfg.max_threshold)
+            decision = self._check_quality(sample, t_max)
+        threshold, info = threshold_for_target(values, self.target_skip_fraction(), cfg.max_threshold)
         if info["n_sampled"] == 0 and self.threshold is not None:
             # The look-ahead is empty only at the end of the data: keep the last threshold.
-            return
+            return decision
         self.threshold, self.threshold_info = float(threshold), info
         if info.get("reason") and self.is_rank0:
             logger.warning("slipstream: threshold %.3g at step %d: %s", threshold, self.step, info["reason"])
+        return decision
+
+    def _check_quality(self, sample: Optional[Batch], t_max: float) -> Optional[Dict[str, Any]]:
+        """Score the upcoming sample and move D (``quality.py``). Collectives, all ranks: one MIN
+        all-reduce of the sample size, the sharded forward (``scorer``), one SUM all-reduce of
+        the loss statistics."""
+        assert self.quality is not None and self.scorer is not None, "quality check without a scorer"
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        local = 0 if sample is None else min(sample.batch_size, cfg.quality_sample_size)
+        n = int(all_reduce_(torch.tensor([local], dtype=torch.int64), dist.ReduceOp.MIN).item())
+        if n == 0:  # end of the data on some rank: no decision, D stays
+            return None
+        assert sample is not None
+        batch = slice_rows(sample, 0, n)  # the same size on every rank
+        candidate = skippable_by_threshold(
+            batch.sparse_features, self.index, self.row_state.change, t_max, cfg.alpha
+        )
+        if cfg.negatives_only:
+            candidate &= batch.labels.view(-1) == 0
+        logits = self.scorer(batch).detach().float().cpu().view(-1)
+        losses = nn.functional.binary_cross_entropy_with_logits(
+            logits, batch.labels.view(-1).float(), reduction="none"
+        )
+        totals = all_reduce_(group_stats(losses, candidate).to_tensor())  # all ranks
+        record = self.quality.update(QualityStats.from_tensor(totals), self.step)
+        record["threshold_at_max_target"] = float(t_max)
+        if self.is_rank0:
+            logger.info(
+                "slipstream: quality check at step %d: %s; target %.3f -> %.3f",
+                self.step, record["reason"], record["target_before"], record["target_after"],
+            )
+        record["seconds"] = time.perf_counter() - t0
+        self.seconds["quality"] += record["seconds"]
+        return record
 
     # ---- checkpointing (local, no collective) -----------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -233,6 +314,7 @@ class SlipstreamController:
         position). The global part is identical on every rank; the tracker's is per shard."""
         return {
             "step": self.step,
+            "first_skip_step": self.first_skip_step,
             "threshold": self.threshold,
             "threshold_info": self.threshold_info,
             "change": self.row_state.change.clone(),
@@ -242,6 +324,7 @@ class SlipstreamController:
             "count_seconds": [m.count_seconds for m in self.tracker.modules] if self.tracker else [],
             "streams_done": dict(self._streams_done),
             "decider": self.decider.state_dict(),
+            "quality": self.quality.state_dict() if self.quality is not None else None,
             "tracker": self.tracker.state_dict() if self.tracker is not None else None,
         }
 
@@ -262,6 +345,7 @@ class SlipstreamController:
                 f"{self.row_state.num_rows}. Fix: resume with the dataset and model the run started with"
             )
         self.step = int(state["step"])
+        self.first_skip_step = state.get("first_skip_step")
         self.threshold = state["threshold"]
         self.threshold_info = state["threshold_info"]
         self.row_state.change.copy_(state["change"])
@@ -271,6 +355,13 @@ class SlipstreamController:
         self.seconds.update(state["seconds"])
         self._streams_done.update(state["streams_done"])
         self.decider.load_state_dict(state["decider"])
+        if self.quality is not None:
+            if state.get("quality") is None:
+                raise ValueError(
+                    "the checkpoint was written without slipstream.quality_check, this run has it "
+                    "on. Fix: resume with slipstream.quality_check=false, or start a new run directory"
+                )
+            self.quality.load_state_dict(state["quality"])
         exact = True
         if self.tracker is not None:
             exact = self.tracker.load_state_dict(state["tracker"])
@@ -319,7 +410,11 @@ class SlipstreamController:
         """Counters summed over ranks. Collective: all ranks enter."""
         local = self.counters()
         t = all_reduce_(torch.tensor([float(v) for v in local.values()], dtype=torch.float64))
-        return {k: int(v) for k, v in zip(local, t.tolist())}
+        out = {k: int(v) for k, v in zip(local, t.tolist())}
+        never = torch.tensor([float("inf") if self.first_skip_step is None else float(self.first_skip_step)])
+        first = float(all_reduce_(never, dist.ReduceOp.MIN).item())  # all ranks
+        out["first_skip_step"] = None if math.isinf(first) else int(first)
+        return out
 
     def state_record(self, with_tables: bool = False) -> Dict[str, Any]:
         """Per-interval observability (this rank's classification counters; the rest is global)."""
@@ -328,6 +423,7 @@ class SlipstreamController:
             "threshold": self.threshold,
             "skip_fraction": c["samples_skipped"] / c["samples_seen"] if c["samples_seen"] else 0.0,
             "hot_rows": int(self.tracker.hot_keys.numel()) if self.tracker is not None else 0,
+            "target_skip_fraction": self.target_skip_fraction(),
             "count_seconds": self.count_seconds(),
             **{f"{k}_seconds": v for k, v in self.seconds.items() if k != "count"},
         }

@@ -65,6 +65,7 @@ class SkipDecider:
         index: RowIndex,
         row_state: RowState,
         threshold: ThresholdSource = None,
+        active: Optional[Callable[[], bool]] = None,
         alpha: float = 1.0,
         keep_probability: float = 0.0,
         max_skip_fraction: float = 1.0,
@@ -77,6 +78,8 @@ class SkipDecider:
         # index: flat key space of all tables (maps KJT lookups to rows of row_state).
         # row_state: per-row change; a row is stale iff change < threshold.
         # threshold: fixed float, None (nothing stale), or a zero-arg getter called every batch.
+        # active: zero-arg getter called every batch; False = nothing is skippable yet (the
+        #   warm-up), for every policy, the random control included. None: always active.
         # alpha: fraction of a sample's lookups that must be stale for it to be skippable (1 = all).
         # keep_probability: p, chance a skippable sample is kept anyway (weight 1/p); 0 = pure skip.
         # max_skip_fraction: at most this fraction of each window's samples is skipped.
@@ -93,6 +96,7 @@ class SkipDecider:
         self.index = index
         self.row_state = row_state
         self.threshold: ThresholdSource = threshold
+        self.active = active
         self.alpha = validate_alpha(alpha)
         self.keep_probability = _check_fraction(
             "keep_probability", keep_probability, "chance a skippable sample is kept with weight 1/p"
@@ -143,6 +147,8 @@ class SkipDecider:
             sk = torch.rand(n, generator=self._gen) < self.random_fraction
         else:
             sk = self.classify(batch)
+        if self.active is not None and not self.active():
+            sk = torch.zeros_like(sk)  # warm-up: the draws above still advance the stream
         u = torch.rand(n, generator=self._gen)  # drawn for every sample: a stable random stream
         if self.negatives_only:
             sk = sk & (batch.labels.view(-1) == 0)

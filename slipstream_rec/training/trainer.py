@@ -190,6 +190,21 @@ class Trainer:
         self._last_save_step = -1
         self.resumed_from: Optional[Dict[str, Any]] = None
         self.faults = FaultInjector.from_env(env.rank)
+        slipstream.scorer = self.score
+
+    @torch.no_grad()
+    def score(self, batch: Any) -> torch.Tensor:
+        """Logits of ``batch`` under the current parameters, in eval mode, without training on
+        it (Slipstream's quality check). Collective (the sharded forward): all ranks call it at
+        the same step. The pipeline is paused like for an evaluation and resumes on its next step."""
+        model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
+        was_training = model.training
+        model.eval()
+        try:
+            _, (_, logits, _, _) = model(batch.to(self.env.device, non_blocking=True))
+        finally:
+            model.train(was_training)
+        return logits
 
     def total_steps(self) -> int:
         """Steps planned; an upper bound when Slipstream skips samples."""
@@ -440,6 +455,9 @@ class Trainer:
             "test_auc": test["auc"] if test else None,
             "test_logloss": test["logloss"] if test else None,
             "samples_skipped": counters["samples_skipped"],
+            "first_skip_step": counters["first_skip_step"],
+            "target_skip_fraction": self.slipstream.target_skip_fraction(),
+            "quality_decisions": self.slipstream.quality.decisions if self.slipstream.quality else 0,
             "samples_dropped_at_end": counters["samples_dropped"],
             "skip_fraction": counters["samples_skipped"] / max(1, counters["samples_seen"]),
             "would_skip_fraction": counters["samples_would_skip"] / max(1, counters["samples_seen"]),

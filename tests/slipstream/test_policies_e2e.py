@@ -2,9 +2,11 @@
 
 `experiment=skewed_quick` (400k rows, Zipf 1.5, small DLRM): off, track_only and paper_plus on the
 same data and seed. Checks that every policy runs the same loop and reports its counters
-consistently, that track_only skips nothing, that paper_plus skips a substantial fraction
-while its validation AUC stays close to off's, and that the random control skips the fraction it
-is given without tracking anything.
+consistently, that track_only skips nothing, that paper_plus (its quality check off) skips a
+substantial fraction while its validation AUC stays close to off's, that the random control skips
+the fraction it is given from the step it is given without tracking anything, and that paper_plus's
+quality check lowers D on this data, whose ids are drawn independently (nothing makes an all-stale
+input easier to predict).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 
 import pytest
 
+from slipstream_rec.slipstream.random_control import random_control_overrides
 from tests.test_train import _run, BIN
 
 AUC_TOLERANCE = 0.002  # the issue's bound; measured here: 0.0018 (seeds 0 and 1, deterministic on CPU)
@@ -23,13 +26,18 @@ AUC_TOLERANCE = 0.002  # the issue's bound; measured here: 0.0018 (seeds 0 and 1
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("policies")
     out = {}
-    for name in ("off", "track_only", "paper_plus", "random", "random_negatives"):
+    for name in ("off", "track_only", "paper_plus", "random", "random_negatives", "paper_plus_checked"):
         run_dir = root / name
         policy, extra = name, []
-        if name == "random":  # the control, at the fraction paper_plus reached (as --random-control)
-            extra = [f"slipstream.random_skip_fraction={out['paper_plus'][0]['skip_fraction']}"]
+        if name in ("track_only", "paper_plus"):  # the skipping mechanics, whatever quality says
+            extra = ["slipstream.quality_check=false"]
+        if name == "random":  # the control of paper_plus, as --random-control makes it
+            extra = random_control_overrides(out["paper_plus"][0])
+        if name == "paper_plus_checked":
+            policy = "paper_plus"
         if name == "random_negatives":  # uniform negative downsampling: half the non-clicks
-            policy, extra = "random", ["slipstream.negatives_only=true", "slipstream.random_skip_fraction=0.5"]
+            policy, extra = "random", ["slipstream.negatives_only=true", "slipstream.random_skip_fraction=0.5",
+                                       "slipstream.warmup_steps=0"]
         _run(
             [
                 str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "slipstream_rec.train",
@@ -80,6 +88,8 @@ def test_random_control_skips_its_fraction_and_tracks_nothing(runs):
     plus, _ = runs["paper_plus"]
     f = plus["skip_fraction"]
     assert s["policy"] == "random" and s["hot_rows"] == 0 and s["threshold"] is None
+    # it starts skipping where paper_plus did (its warm-up), not at step 0
+    assert s["first_skip_step"] == plus["first_skip_step"] > 0
     # binomial: every sample seen is skipped with probability f, independently
     sigma = (f * (1 - f) / s["samples_seen"]) ** 0.5
     assert abs(s["skip_fraction"] - f) < 5 * sigma, (s["skip_fraction"], f, sigma)
@@ -98,3 +108,20 @@ def test_negative_downsampling_is_calibrated_at_eval(runs):
     # default data with 2/3 of the non-clicks skipped and no offset: test log loss 0.5745 vs
     # off's 0.4674); with the offset, log loss stays close to off's.
     assert s["val_logloss"] < off["val_logloss"] + 0.01, (s["val_logloss"], off["val_logloss"])
+
+
+def test_quality_check_lowers_d_where_stale_inputs_are_not_easier(runs):
+    s, run_dir = runs["paper_plus_checked"]
+    unchecked, _ = runs["paper_plus"]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    decisions = [r["quality"] for r in records if r["kind"] == "slipstream" and "quality" in r]
+    # one decision at every threshold refresh (every snapshot from the second on: 60, 80, ...)
+    assert [d["step"] for d in decisions][:3] == [60, 80, 100]
+    assert s["quality_decisions"] == len(decisions)
+    assert all(d["reason"] and d["n_c"] > 0 and d["n_o"] > 0 for d in decisions)
+    # Ids drawn independently: the all-stale inputs are no easier, so D falls from 0.3 to 0.
+    assert decisions[0]["target_before"] == pytest.approx(0.3)
+    assert s["target_skip_fraction"] == 0.0
+    assert s["skip_fraction"] < 0.5 * unchecked["skip_fraction"], (s["skip_fraction"], unchecked["skip_fraction"])
+    # the check's cost is counted in Slipstream's overhead and stays small
+    assert s["slipstream"]["seconds"]["quality_seconds"] < 0.05 * s["train_seconds"]
