@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -19,6 +20,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from slipstream_rec.config_keys import UnknownKeyError, apply_dict_overrides, split_overrides
 from slipstream_rec.data.config import DataConfig
 from slipstream_rec.model.config import ModelConfig
 from slipstream_rec.optim import OptimConfig
@@ -66,24 +68,42 @@ def config_dir() -> Path:
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config"):
-    """Compose conf/<config_name>.yaml with Hydra overrides; returns the DictConfig."""
+    """Compose conf/<config_name>.yaml with Hydra overrides; returns the DictConfig.
+
+    Every override key is first checked against the schema (``config_keys``): an unknown key
+    fails here, with or without ``+``, suggesting the closest existing key; overrides of
+    dict-typed fields are merged after Hydra's composition (Hydra refuses new dict entries).
+    """
+    conf = config_dir()
     try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            return compose(config_name=config_name, overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_explain(e, overrides)) from e
+        for_hydra, dict_overrides = split_overrides(overrides, JobConfig, conf)
+    except UnknownKeyError as e:
+        raise ConfigError(f"invalid configuration: {e}") from e
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=for_hydra)
+        apply_dict_overrides(cfg, dict_overrides)
+        return cfg
+    except (HydraException, OmegaConfBaseException, ValueError) as e:  # Hydra raises all three
+        raise ConfigError(_explain(e)) from e
 
 
 def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> JobConfig:
-    """Compose and convert to typed dataclasses; raises ConfigError with a readable message."""
+    """Compose, convert to typed dataclasses and validate the values checked at composition.
+
+    Raises ``ConfigError`` (a ValueError) whose message is one line naming the key and the fix.
+    """
     cfg = compose_config(overrides, config_name)
     try:
         job = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
-        raise ConfigError(_explain(e, overrides)) from e
+        raise ConfigError(_explain(e)) from e
     assert isinstance(job, JobConfig)
-    job.trainer.validate()
-    job.slipstream.validate()
+    try:
+        job.trainer.validate()
+        job.slipstream.validate()
+    except ValueError as e:  # the component's message names its key and the fix
+        raise ConfigError(f"invalid configuration: {e}") from e
     return job
 
 
@@ -95,18 +115,29 @@ def config_hash(job: JobConfig) -> str:
     return hashlib.sha256(to_yaml(job).encode()).hexdigest()[:16]
 
 
-def _explain(error: Exception, overrides: Sequence[str]) -> str:
-    message = str(error).strip()
-    cause = error.__cause__
-    while cause is not None:  # Hydra wraps the OmegaConf error that names the key
-        message += f"\n  caused by: {str(cause).strip()}"
+def _explain(error: Exception) -> str:
+    """Hydra's / OmegaConf's error as one line: the key, what is wrong with it, the fix.
+
+    Hydra wraps the OmegaConf error that names the key (``full_key: ...``) and adds advice of
+    its own ("To append to your config use +key=value") that does not apply to a typed schema.
+    """
+    messages = []
+    cause: Optional[BaseException] = error
+    while cause is not None:
+        messages.append(str(cause).strip())
         cause = cause.__cause__
+    key = next((m.group(1) for m in map(_FULL_KEY.search, messages) if m), None)
+    # The innermost message says what is wrong with the value; its first line is enough.
+    what = next((m.splitlines()[0].strip() for m in reversed(messages) if m), type(error).__name__)
+    where = f"{key}: " if key and key not in what else ""
     return (
-        f"invalid configuration: {message}\n"
-        f"  overrides: {' '.join(overrides) or '(none)'}\n"
-        "  fix: check the key and value against `slipstream-train --cfg` (all keys and defaults) "
-        "or the dataclasses in slipstream_rec/*/config.py; choose a group option from conf/<group>/"
+        f"invalid configuration: {where}{what.rstrip('.')}. Fix: check the value against "
+        "`slipstream-train --cfg` (every key and its value) and the field's comment in "
+        "slipstream_rec/*/config.py"
     )
+
+
+_FULL_KEY = re.compile(r"full_key: (\S+)")
 
 
 def group_options(group: str) -> List[str]:

@@ -69,10 +69,9 @@ def prepare_data(job: JobConfig, env: DistEnv) -> Path:
 
     Collective: all ranks enter the barrier.
     """
-    if env.local_rank == 0:
-        ensure_dataset(job.data)
+    path = ensure_dataset(job.data) if env.local_rank == 0 else None
     dist.barrier()
-    return ensure_dataset(job.data)
+    return path if path is not None else ensure_dataset(job.data)  # one "using ..." line per node
 
 
 def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:

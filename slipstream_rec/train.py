@@ -21,7 +21,10 @@ overrides are Hydra's: `group=option` picks a file from conf/<group>/ (model, da
 optim, trainer, slipstream, experiment), `group.key=value` sets a field. Examples:
   slipstream-train sharding=row_wise trainer.max_steps=200
   torchrun --nproc_per_node 2 -m slipstream_rec.train experiment=smoke
+  slipstream-train --cfg data=tabular   # the composed config, checked, nothing run
   slipstream-train --self-check      # is the torch/fbgemm/torchrec stack the pinned one, and does it load?
+A bad config value, missing path or unreadable input is one line and exit code 2 (--debug or
+HYDRA_FULL_ERROR=1: the traceback); a lost or stuck rank is exit code 3.
 """
 
 
@@ -42,6 +45,26 @@ def _quiet_libraries(is_rank0: bool) -> None:
     warnings.filterwarnings("ignore", message=".*is_fx_tracing.*")
 
 
+# Hydra's `--cfg job|hydra|all`: what `slipstream-train --cfg KIND` accepts (plain --cfg: job).
+CFG_KINDS = ("job", "hydra", "all")
+
+
+def _cfg_argument(argv: List[str]) -> List[str]:
+    """``--cfg`` takes an optional KIND: ``--cfg job`` and ``--cfg`` followed by an override
+    both work (argparse alone would take the override for the KIND)."""
+    out: List[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--cfg":
+            kind = argv[i + 1] if i + 1 < len(argv) and argv[i + 1] in CFG_KINDS else None
+            out.append(f"--cfg={kind or 'job'}")
+            i += 2 if kind else 1
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="slipstream-train",
@@ -49,7 +72,20 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         epilog=USAGE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    parser.add_argument(
+        "--cfg",
+        choices=CFG_KINDS,
+        metavar="[job]",
+        help="print the composed and validated config and exit, touching no data and no run "
+        "directory (`job` and `all` print the job config; there is no Hydra runtime config: this "
+        "program uses Hydra only to compose)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error (also HYDRA_FULL_ERROR=1); without it a bad "
+        "config value, path or input is one line and exit code 2",
+    )
     parser.add_argument(
         "--self-check",
         action="store_true",
@@ -57,7 +93,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "fbgemm's operators, show the devices and backend, and exit (1 on a problem)",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. sharding=row_wise")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_cfg_argument(list(argv or [])))
     if args.self_check and (args.cfg or args.overrides):
         parser.error("--self-check takes no overrides and no --cfg")
     return args
@@ -71,20 +107,30 @@ def main(argv: Optional[List[str]] = None) -> int:
         from slipstream_rec.self_check import main as self_check
 
         return self_check()
+    from slipstream_rec.cli_errors import run_cli
 
+    return run_cli("slipstream-train", lambda: _compose_check_run(args, is_rank0), args.debug)
+
+
+def _compose_check_run(args: argparse.Namespace, is_rank0: bool) -> int:
     # Imports after logging is set up: torchrec logs while importing.
-    from slipstream_rec.config import ConfigError, load_config, to_yaml
+    from slipstream_rec.config import load_config, to_yaml
+    from slipstream_rec.preflight import check_before_start, world_size_from_env
 
-    # Compose and validate before any process group exists: a typo fails fast on every rank.
-    try:
-        job = load_config(args.overrides)
-    except ConfigError as e:
-        print(f"slipstream-train: {e}", file=sys.stderr)
-        return 2
+    # Every rank composes and checks before any process group or file exists: a typo or a
+    # wrong path fails in seconds on every rank, with one line, and leaves nothing behind.
+    job = load_config(args.overrides)
+    if args.cfg == "hydra":
+        raise ValueError(
+            "--cfg hydra: this program composes its config with Hydra's compose API and runs no "
+            "Hydra app (no outputs/, no Hydra logging, no multirun), so there is no Hydra config "
+            "to show. Fix: --cfg (or --cfg job) prints the job config"
+        )
     if args.cfg:
         if is_rank0:
             print(to_yaml(job), end="")
         return 0
+    check_before_start(job, world_size_from_env())
 
     from slipstream_rec.distributed import close_distributed, explain_collective_failure, init_distributed
     from slipstream_rec.job import run
@@ -92,10 +138,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         env = init_distributed(job.trainer.device, job.trainer.collective_timeout_s)
         run(job, env)
-    except ValueError as e:
-        # Bad values found where they are used (they name the key and the fix).
-        print(f"slipstream-train: error: {e}", file=sys.stderr)
-        return 2
     except RuntimeError as e:
         explanation = explain_collective_failure(e, job.trainer.collective_timeout_s)
         if explanation is None:

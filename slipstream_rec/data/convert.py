@@ -40,6 +40,7 @@ import numpy as np
 from slipstream_rec.data.config import CategoricalEncoding, SplitConfig
 from slipstream_rec.data.loader import META_FILE, SPLITS, load_meta
 from slipstream_rec.data.npy_writer import NpyAppender
+from slipstream_rec.data.rawfiles import TruncatedInputError
 from slipstream_rec.data.vocab import VocabCounter, Vocabulary, check_encoding
 
 logger = logging.getLogger("slipstream_rec.data")
@@ -452,10 +453,16 @@ def convert(source: Source, final: Path, *, bad_rows: str = "error", progress: b
             shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    run = _Run(source, work, digest, bad_rows, progress)
-    splitter = _Splitter(source, run.scan())
-    vocab = run.count(splitter)
-    result = run.encode(splitter, vocab)
+    try:
+        run = _Run(source, work, digest, bad_rows, progress)
+        splitter = _Splitter(source, run.scan())
+        vocab = run.count(splitter)
+        result = run.encode(splitter, vocab)
+    except TruncatedInputError:
+        # The fixed file has another size, hence another hash and directory: this partial one
+        # could never be resumed. Removed, so that rerunning after the fix starts cleanly.
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     names = [f for f, _ in source.onehot] + [f for f, _ in source.multihot]
     multi = [f for f, _ in source.multihot]
     meta = {

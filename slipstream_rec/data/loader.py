@@ -296,6 +296,45 @@ def num_batches_for(num_rows: int, world_size: int, batch_size: int, train: bool
     return _ceil_div(_ceil_div(num_rows, world_size), batch_size)
 
 
+def check_split_fits(
+    num_rows: int,
+    split: str,
+    *,
+    batch_size: int,
+    world_size: int,
+    train: bool,
+    where: str,
+    more_rows: str = "use more data",
+) -> None:
+    """The error ``NpyBatchLoader`` raises when a split cannot be batched, without reading it.
+
+    Training needs one full batch per rank: the error names ``trainer.batch_size`` and the
+    largest value that works (rows // world size). Evaluation needs a non-empty batch on every
+    rank. ``where`` names the data (a directory, or the config keys that set the row counts);
+    ``more_rows`` is the other fix (e.g. which key adds rows).
+    """
+    per_rank = num_rows // world_size
+    if per_rank == 0:
+        raise ValueError(
+            f"{where}: split {split!r} has {num_rows} rows, fewer than the {world_size} ranks "
+            f"that each need some. Fix: run on at most {max(num_rows, 1)} rank(s), or {more_rows}."
+        )
+    if train and num_batches_for(num_rows, world_size, batch_size, train) == 0:
+        raise ValueError(
+            f"trainer.batch_size={batch_size} is too large for {where}: split {split!r} has "
+            f"{num_rows} rows, {per_rank} per rank on {world_size} rank(s), too few for one "
+            f"training batch. Fix: trainer.batch_size={per_rank} or smaller (the largest that "
+            f"works here), or {more_rows}."
+        )
+    if not train and per_rank < num_batches_for(num_rows, world_size, batch_size, train):
+        raise ValueError(
+            f"{where}: split {split!r} has {num_rows} rows over {world_size} rank(s): the "
+            f"smallest rank part ({per_rank} rows) cannot fill "
+            f"{num_batches_for(num_rows, world_size, batch_size, train)} non-empty eval batches "
+            f"of at most {batch_size}. Fix: trainer.eval_batch_size >= 2, or fewer ranks."
+        )
+
+
 class NpyBatchLoader:
     """Iterates one rank's ``Batch``es of one split of a criteo-npy dataset directory.
 
@@ -363,19 +402,10 @@ class NpyBatchLoader:
         self.lo, self.hi = rank_rows(num_rows, rank, world_size)
         self.num_local_rows = self.hi - self.lo
         self._num_batches = num_batches_for(num_rows, world_size, batch_size, train)
-        if self._num_batches == 0:
-            raise ValueError(
-                f"split {split!r} has {num_rows} rows: {world_size} rank(s) get {num_rows // world_size} "
-                f"rows each, too few for one training batch of {batch_size}. Fix: lower the batch "
-                f"size or use more data (e.g. data.synthetic.num_train)."
-            )
-        if not train and num_rows // world_size < self._num_batches:
-            raise ValueError(
-                f"split {split!r} has {num_rows} rows over {world_size} rank(s): the smallest rank "
-                f"part ({num_rows // world_size} rows) cannot fill {self._num_batches} non-empty eval "
-                f"batches of at most {batch_size}. Fix: use an eval batch size >= 2 or fewer ranks "
-                f"than rows."
-            )
+        check_split_fits(
+            num_rows, split, batch_size=batch_size, world_size=world_size, train=train,
+            where=str(self.path),
+        )  # fmt: skip
 
         self._load()
 
@@ -511,6 +541,6 @@ class NpyBatchLoader:
 
 
 __all__ = [
-    "Batch", "DatasetMeta", "NpyBatchLoader", "load_meta", "num_batches_for",
+    "Batch", "DatasetMeta", "NpyBatchLoader", "load_meta", "num_batches_for", "check_split_fits",
     "rank_rows", "split_file", "multi_hot_files", "FORMAT_VERSION", "META_FILE", "SPLITS",
 ]  # fmt: skip

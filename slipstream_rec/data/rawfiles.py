@@ -4,17 +4,22 @@ Every chunk holds complete lines (each ending in ``\\n``; a last line without on
 never spans two files. Its ``end`` position (file index, decompressed byte offset, line number)
 is where a resumed read starts: plain files seek there, gzip files are decompressed up to it.
 Memory is one chunk plus one partial line.
+
+A gzip file that is truncated or corrupt fails with ``TruncatedInputError`` naming the file and
+its last complete line, wherever it is read (header, line count, chunks), instead of gzip's
+``EOFError`` that names neither.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Dict, Iterator, List, Sequence
 
-__all__ = ["TextChunk", "open_raw", "iter_text_chunks", "count_lines", "file_sizes"]
+__all__ = ["TextChunk", "TruncatedInputError", "open_raw", "iter_text_chunks", "count_lines", "file_sizes"]
 
 DEFAULT_CHUNK_BYTES = 32 << 20
 
@@ -34,13 +39,72 @@ def _is_gzip(path: Path) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
+class TruncatedInputError(ValueError):
+    """An input file that cannot be read to its end (a truncated or corrupt gzip stream)."""
+
+
+# What gzip raises for a stream cut short (EOFError), a bad CRC or header (BadGzipFile, an
+# OSError) or damaged compressed data (zlib.error).
+_GZIP_READ_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def complete_lines(path: str | os.PathLike) -> int:
+    """How many complete lines of a damaged gzip file can be read (its last good line number)."""
+    n = 0
+    try:
+        with gzip.GzipFile(filename=path, mode="rb") as f:
+            while True:
+                block = f.read1(1 << 20)
+                if not block:
+                    break
+                n += block.count(b"\n")
+    except _GZIP_READ_ERRORS:
+        pass
+    return n
+
+
+def truncated_error(path: str | os.PathLike, error: BaseException) -> TruncatedInputError:
+    """The error for ``path``, unreadable past some point: the file, its last good line, the fix."""
+    good = complete_lines(path)
+    where = f"after line {good}, its last complete line" if good else "before its first complete line"
+    return TruncatedInputError(
+        f"{path} is truncated or corrupt: gzip cannot read it {where} "
+        f"({' '.join(str(error).split()) or type(error).__name__}). Fix: replace it with a "
+        f"complete copy (`gzip -t {path}` tests one), then rerun the same command"
+    )
+
+
+class _CheckedGzipFile(gzip.GzipFile):
+    """A GzipFile whose read errors are ``TruncatedInputError``s naming the file."""
+
+    def __init__(self, path: Path, fileobj: BinaryIO) -> None:
+        super().__init__(fileobj=fileobj, mode="rb")
+        self.myfileobj = fileobj  # closed with this file (GzipFile closes only what it opened)
+        self._path = path
+
+    def _checked(self, read, *args):  # type: ignore[no-untyped-def]
+        try:
+            return read(*args)
+        except _GZIP_READ_ERRORS as e:
+            raise truncated_error(self._path, e) from e
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self._checked(super().read, size)
+
+    def read1(self, size: int = -1) -> bytes:
+        return self._checked(super().read1, size)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return self._checked(super().readline, size)
+
+
 class _Raw:
     """A binary reader over a plain or gzip file that also reports compressed bytes read."""
 
     def __init__(self, path: Path) -> None:
         self._raw = open(path, "rb")
         self.gzip = _is_gzip(path)
-        self._f: BinaryIO = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.gzip else self._raw  # type: ignore[assignment]
+        self._f: BinaryIO = _CheckedGzipFile(path, self._raw) if self.gzip else self._raw  # type: ignore[assignment]
 
     def read(self, n: int) -> bytes:
         return self._f.read(n)
@@ -69,7 +133,7 @@ class _Raw:
 def open_raw(path: str | os.PathLike) -> BinaryIO:
     """A binary file object over ``path``, transparently gunzipped (by magic bytes)."""
     p = Path(path)
-    return gzip.open(p, "rb") if _is_gzip(p) else open(p, "rb")  # type: ignore[return-value]
+    return _CheckedGzipFile(p, open(p, "rb")) if _is_gzip(p) else open(p, "rb")  # type: ignore[return-value]
 
 
 def file_sizes(paths: Sequence[str]) -> List[int]:

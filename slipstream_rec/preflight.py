@@ -1,0 +1,76 @@
+"""What can be checked about a job before any process group starts and any file is written.
+
+``slipstream-train`` calls ``check_before_start`` on every rank right after composing the
+config: a wrong ``data.path``, a missing raw input, a schema naming a column the file lacks, a
+Criteo dataset not yet converted, or a batch size larger than a rank's share of the data then
+fails in a second, with one line, instead of after the process group, the run directory and
+the model exist. Everything here reads at most file headers and meta.json; nothing is
+generated or converted (that stays in ``job.prepare_data``, where local rank 0 does it once).
+Whatever cannot be known yet (a dataset converted on first use) is checked again where it is
+used (``NpyBatchLoader``), with the same message.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from slipstream_rec.config import JobConfig
+
+
+def world_size_from_env() -> int:
+    """The world size torchrun / TorchX will give the process group (1 for a bare run)."""
+    raw = os.environ.get("WORLD_SIZE", "1") or "1"
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE={raw!r} is not a number. Fix: launch with torchrun, or unset it.") from None
+
+
+def known_rows(job: JobConfig) -> Tuple[Optional[Dict[str, int]], str, str]:
+    """(rows per split, or None where not known before conversion; what holds them; the fix that
+    adds rows). Raises the data's own error for a missing path or input, or a bad setting."""
+    from slipstream_rec.data.loader import load_meta
+    from slipstream_rec.data.synthetic import dataset_dir, normalize_data_config
+
+    data = normalize_data_config(job.data)  # source, bad_rows, name, data.path set, synthetic
+    if data.source == "synthetic":
+        s = data.synthetic
+        rows = {"train": s.num_train, "val": s.num_val, "test": s.num_test}
+        return rows, "data.synthetic", "raise data.synthetic.num_train"
+    if data.source == "npy":
+        meta = load_meta(Path(data.path))  # type: ignore[arg-type]
+        return meta.rows, f"data.path={data.path}", "use more data"
+    if data.source == "movielens_1m":
+        return None, "", ""  # locating the ratings may download them: left to prepare_data
+    # criteo / tabular: validating the settings reads the inputs' headers (and names a missing
+    # file or a column the file lacks); the directory name hashes settings and input sizes.
+    path = dataset_dir(data)
+    if path.is_dir():
+        return load_meta(path).rows, str(path), "add rows to the input"
+    if data.source == "criteo":
+        raise ValueError(
+            f"data.source=criteo: {path} is not converted yet. Fix: run `slipstream-data criteo` "
+            f"with the same data overrides first (it can take hours and is resumable), then train."
+        )
+    return None, "", ""  # tabular: converted on first use, checked by the loader after
+
+
+def check_before_start(job: JobConfig, world_size: int) -> None:
+    """Raise the first problem that would stop the job once started (see the module doc)."""
+    rows, where, more_rows = known_rows(job)
+    if rows is None:
+        return
+    from slipstream_rec.data.loader import check_split_fits
+
+    tr = job.trainer
+    splits = [("train", True, tr.batch_size), ("val", False, tr.eval_batch_size or tr.batch_size)]
+    if tr.test_at_end:
+        splits.append(("test", False, tr.eval_batch_size or tr.batch_size))
+    for split, train, batch_size in splits:
+        if split in rows:
+            check_split_fits(
+                rows[split], split, batch_size=batch_size, world_size=world_size, train=train,
+                where=where, more_rows=more_rows,
+            )  # fmt: skip
