@@ -122,7 +122,7 @@ class GlobalBatchNorm(nn.Module):
         """
         flat = x.flatten(1).float()  # (B, channels); B may be 0 (observe on a rank with no rows)
         channels = flat.shape[1]
-        shift = self.running_mean.reshape(-1).detach().float()
+        shift = self.running_mean.reshape(-1).detach().float().clone()  # not a view: updated below
         centered = flat - shift
         count = torch.full((1,), float(flat.shape[0]), device=flat.device)
         stats = torch.cat([centered.sum(0), centered.square().sum(0), count])
