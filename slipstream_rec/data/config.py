@@ -57,6 +57,110 @@ class SyntheticConfig:
 
 
 @dataclass
+class ClicklogConfig:
+    """An entity-structured display-ad click log: who saw which ad where, day by day (data/clicklog.py).
+
+    Each impression is (user, ad, site, context); the 26 categorical features are attributes of
+    those entities at several granularities (ad -> campaign -> advertiser -> category, ...), so
+    popular combinations recur as in a real log. Defaults follow published properties of real
+    logs (cited per field); where no published figure exists the comment says "assumed".
+    """
+
+    # Days of the log, in time order; all but the last are train, the last is halved into val
+    # (first half) and test (second half), like Criteo Kaggle (7 days: 6 train, day 7 halved).
+    num_days: int = 7
+    # Impressions per day. 683,000 x 6 train days = 4.1M train rows (about 1000 steps of 2 x 2048,
+    # like the default synthetic data); Criteo Kaggle has ~6.5M rows a day, scaled down.
+    rows_per_day: int = 683_000
+    # Users (the largest table). Criteo's largest features have millions of values; scaled to
+    # the project's largest table size (100k rows, as data.synthetic.max_cardinality).
+    num_users: int = 100_000
+    # Behavioural segments (interest clusters) users belong to; ad targeting uses them. Assumed.
+    num_user_segments: int = 200
+    # Geographic regions (states / provinces) and the cities within them (city -> region is fixed).
+    num_regions: int = 60
+    num_cities: int = 3_000
+    # Internet service providers; each region has its own few (isp -> region is fixed).
+    num_isps: int = 500
+    # Publisher sites / apps, the domains they belong to (site -> domain is fixed; every domain
+    # has at least one site) and the domains' categories (domain -> category is fixed).
+    num_sites: int = 25_000
+    num_domains: int = 10_000
+    num_site_categories: int = 40
+    # Mean ad placements (slots) per site: each site has 1 + Poisson(mean - 1) of them. Assumed.
+    placements_per_site: float = 2.2
+    # Advertisers, their campaigns (campaign -> advertiser fixed) and the advertisers' categories
+    # (advertiser -> category fixed; an ad's category is its advertiser's).
+    num_advertisers: int = 2_000
+    num_campaigns: int = 8_000
+    num_ad_categories: int = 120
+    # Ads live on day 0; each later day new_ads_per_day enter (ids never reused), and every ad
+    # runs a geometric number of days with mean ad_lifetime_days (ads retire), so the ad table
+    # is num_initial_ads + new_ads_per_day * (num_days - 1) rows. 10%/day turnover: assumed
+    # (display campaigns typically run days to weeks); new ads draw their popularity from the
+    # same heavy tail as old ones, so some enter at the head.
+    num_initial_ads: int = 32_000
+    new_ads_per_day: int = 3_200
+    ad_lifetime_days: float = 10.0
+    # Distinct creatives per ad within a campaign (ads of one campaign share creatives). Assumed.
+    creatives_per_ad: float = 0.7
+    # Zipf exponents s of entity popularity, p(rank k) ~ k^-s: users' activity, sites' traffic and
+    # ads' impression share. s ~ 1 is the classic finding for web traffic and item popularity
+    # (Adamic & Huberman, "Zipf's law and the Internet", 2002; Breslau et al., INFOCOM 1999).
+    user_zipf_exponent: float = 1.0
+    site_zipf_exponent: float = 1.0
+    ad_zipf_exponent: float = 1.0
+    # Std of the lognormal day-to-day multiplier of each user's (resp. site's) activity: users'
+    # daily activity is bursty, site traffic steadier. Assumed.
+    user_daily_jitter: float = 0.5
+    site_daily_jitter: float = 0.15
+    # Mean number of sites a user browses regularly (1 + Poisson(mean - 1), at most 16), and the
+    # share of a user's impressions on them (browsing is habitual: users return to a few sites).
+    # Values assumed.
+    preferred_sites_mean: float = 3.0
+    preferred_site_share: float = 0.8
+    # Of the ads that are neither retargeted nor direct deals: the share targeted by the site's
+    # category (contextual targeting); the rest by the user's segment (behavioural). Assumed.
+    contextual_targeting_share: float = 0.5
+    # Share of impressions that retarget: an ad of one of the advertisers the user has visited
+    # (retargeting is Criteo's business; a user returns to the same advertisers). Assumed.
+    retargeting_share: float = 0.3
+    # Mean number of advertisers a user has visited (1 + Poisson(mean - 1), at most 16). Assumed.
+    advertisers_per_user_mean: float = 3.0
+    # Share of impressions a site sells to its direct-deal campaigns (the rest of its impressions
+    # go to targeted ads). retargeting_share + direct_deal_share <= 1. Assumed.
+    direct_deal_share: float = 0.2
+    # Mean number of direct-deal campaigns per site (1 + Poisson(mean - 1), at most 16). Assumed.
+    deals_per_site_mean: float = 3.0
+    # Half-life in hours of the decayed activity counters behind the dense features ("recent
+    # impressions / clicks" of the user, ad, campaign, site). Counters lag by one hour (computed
+    # from the hours before the row's hour) and start from one simulated day before day 0.
+    counter_half_life_hours: float = 24.0
+    # Std of the lognormal measurement noise multiplying each observed dense count.
+    dense_noise: float = 0.2
+    # Target mean label: Criteo Kaggle's mean label is about 0.256; the teacher's bias is fitted to it.
+    base_ctr: float = 0.25
+    # Dimension of the latent vectors of the user x ad and ad x site affinities; 0 disables them.
+    teacher_rank: int = 8
+    # Std (over impressions) of the teacher's summed entity effects (user, segment, ad, campaign,
+    # advertiser, category, site, domain, placement, ...).
+    teacher_entity_scale: float = 1.0
+    # Std of the summed user x ad and ad x site affinities (low-rank dot products).
+    teacher_interaction_scale: float = 0.8
+    # Std of the context effects: slot position (position bias; Craswell et al., WSDM 2008),
+    # hour of day, weekday, connection type.
+    teacher_context_scale: float = 0.4
+    # Std of the dense term: users' activity (heavy users click less per impression), the ad's
+    # age (creative wear-out) and bid. The four scales put the teacher's AUC on val near 0.8,
+    # where the best published Criteo Kaggle models are (test AUC about 0.80-0.81).
+    teacher_dense_scale: float = 0.4
+    # Scatter each table's ids with a seeded permutation (else the entity index order is kept).
+    permute_ids: bool = True
+    # Seed of every random draw; same seed and config -> byte-identical files.
+    seed: int = 0
+
+
+@dataclass
 class CategoricalEncoding:
     """How the raw values of one categorical feature become embedding rows (data/vocab.py).
 
@@ -178,7 +282,8 @@ class DataConfig:
     name: str = "synthetic_criteo"
     # Cache root directory for generated datasets (relative paths are relative to the cwd).
     root: str = "data"
-    # "synthetic": generate into the cache (once); "npy": read the existing directory data.path;
+    # "synthetic": generate into the cache (once); "clicklog": simulate the entity-structured
+    # click log into the cache (once); "npy": read the existing directory data.path;
     # "criteo" / "tabular" / "movielens_1m": the directory slipstream-data wrote from raw files
     # (movielens_1m and tabular are converted on first use; criteo must be converted beforehand).
     source: str = "synthetic"
@@ -190,6 +295,8 @@ class DataConfig:
     shuffle: bool = True
     # Generator settings for source=synthetic.
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # Simulator settings for source=clicklog.
+    clicklog: ClicklogConfig = field(default_factory=ClicklogConfig)
     # Converter settings for source=criteo.
     criteo: CriteoConfig = field(default_factory=CriteoConfig)
     # Converter settings (the schema) for source=tabular.
