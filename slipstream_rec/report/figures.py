@@ -93,8 +93,9 @@ def accuracy(runs: List[Run]) -> Tuple[List[Png], List[str]]:
 
 # ---- skipping --------------------------------------------------------------------------------
 def skipping(runs: List[Run]) -> Tuple[List[Png], List[str]]:
-    """Skip fraction, threshold T and hot/stale rows over time, one color per run (lines: train
-    records, markers: Slipstream snapshot records)."""
+    """Skip fraction, threshold T, hot/stale rows and the target D over time, one color per run
+    (lines: train records, markers: Slipstream snapshot records; on the D panel, the quality
+    check's decisions: up triangles raised D, down triangles lowered it)."""
     notes: List[str] = []
     for run in runs:
         if not run.of_kind("train") and not run.of_kind("slipstream"):
@@ -105,8 +106,8 @@ def skipping(runs: List[Run]) -> Tuple[List[Png], List[str]]:
             notes.append(f"{run.label}: no Slipstream snapshot records (policy {run.policy} does not track rows)")
     if not any(r.of_kind("train") or r.of_kind("slipstream") for r in runs):
         return [], notes
-    fig = _new(14, 4.2)
-    axes = fig.subplots(1, 3)
+    fig = _new(18, 4.2)
+    axes = fig.subplots(1, 4)
     panels = (("skip_fraction", "skip fraction (rank 0, cumulative)"), ("threshold", "threshold T"))
     for ax, (key, ylabel) in zip(axes, panels):
         for i, run in enumerate(runs):
@@ -137,9 +138,28 @@ def skipping(runs: List[Run]) -> Tuple[List[Png], List[str]]:
     ax.set_xlabel("wall time since start (s)")
     ax.set_ylabel("rows, all tables (solid: hot, dotted: stale)")
     ax.grid(alpha=0.3)
+    ax = axes[3]
+    drawn = False
+    for i, run in enumerate(runs):
+        xs, ys = _series(run.of_kind("slipstream"), "time", "target_skip_fraction")
+        if xs:
+            ax.step(xs, ys, where="post", color=_color(i), label=run.label)
+            drawn = True
+        for r in run.of_kind("slipstream"):
+            q = r.get("quality")
+            if isinstance(q, dict) and _finite(r.get("time")) and _finite(q.get("target_after")):
+                ax.plot(r["time"], q["target_after"], color=_color(i), linestyle="none",
+                        marker="^" if q.get("better") else "v", ms=6)
+    if drawn:
+        ax.legend(fontsize=7)
+    else:
+        _empty(ax, "no Slipstream records")
+    ax.set_xlabel("wall time since start (s)")
+    ax.set_ylabel("target D (quality check: ^ raised, v lowered)")
+    ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle("Skipping over time (lines: train records, dots: snapshots)")
-    return [_png(fig, "skipping.png", "Skip fraction, threshold T and hot/stale rows over time")], notes
+    return [_png(fig, "skipping.png", "Skip fraction, threshold T, hot/stale rows and target D over time")], notes
 
 
 def rows_per_table(runs: List[Run]) -> Tuple[List[Png], List[str]]:
