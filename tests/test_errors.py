@@ -1,0 +1,258 @@
+"""The bad-input table: every bad config value, missing path or unreadable input is one line on
+stderr and exit code 2, names the key or file and the fix, shows no traceback, and is found
+before any process group starts and before the run directory exists.
+
+Most cases call the entry points in-process (``slipstream_rec.train.main``,
+``slipstream_rec.data.cli.main``) with ``init_distributed`` replaced by a tripwire, so "before any
+process group" is checked directly; two cases run the installed commands as a user would.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import slipstream_rec.distributed as distributed
+from slipstream_rec import train
+from slipstream_rec.config import ConfigError
+from slipstream_rec.data import cli as data_cli
+
+from tests.data._clicks import make_clicks, write_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SCHEMA = """\
+label_column: click
+dense_columns: [price, views]
+categorical_columns: [user, item]
+multi_hot_columns: [tags]
+"""
+
+
+class ProcessGroupStarted(Exception):
+    """Raised by the tripwire: the command got past every check to init_distributed."""
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A fresh working directory (runs/ and data/ land here) with the tripwire in place."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def tripwire(*args, **kwargs):
+        raise ProcessGroupStarted()
+
+    monkeypatch.setattr(distributed, "init_distributed", tripwire)
+    return tmp_path
+
+
+def one_error_line(capsys, prog: str = "slipstream-train") -> str:
+    """stderr holds exactly one line, the error; returns it."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"{prog}: error: "), err
+    return lines[0]
+
+
+def train_fails(capsys, *argv: str) -> str:
+    rc = train.main(list(argv))
+    assert rc == 2
+    return one_error_line(capsys)
+
+
+def nothing_written(workdir: Path) -> None:
+    assert not (workdir / "runs").exists(), "the run directory was created before the check"
+
+
+# -- configuration values ---------------------------------------------------------------------
+
+
+def test_typo_with_plus_is_rejected_with_the_closest_key(workdir, capsys):
+    line = train_fails(capsys, "+trainer.bach_size=64")
+    assert "trainer.bach_size" in line and "did you mean trainer.batch_size?" in line
+    nothing_written(workdir)
+
+
+def test_typo_without_plus_suggests_the_key_not_the_append_hint(workdir, capsys):
+    line = train_fails(capsys, "trainer.bach_size=64")
+    assert "did you mean trainer.batch_size?" in line and "append" not in line
+
+
+def test_key_under_the_wrong_group_names_the_right_one(workdir, capsys):
+    line = train_fails(capsys, "trainer.target_skip_fraction=0.5")
+    assert "did you mean slipstream.target_skip_fraction?" in line
+
+
+def test_unknown_group_option_suggests_the_closest(workdir, capsys):
+    line = train_fails(capsys, "sharding=rowwise")
+    assert "did you mean sharding=row_wise?" in line and "table_wise" in line
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("trainer.batch_size=0", "trainer.batch_size=0"),
+        ("slipstream.target_skip_fraction=-0.5", "slipstream.target_skip_fraction=-0.5"),
+        ("trainer.batch_size=many", "trainer.batch_size"),
+        ("slipstream.policy=fast", "slipstream.policy"),
+    ],
+)
+def test_bad_value_names_the_key(workdir, capsys, override, key):
+    line = train_fails(capsys, override)
+    assert key in line
+    nothing_written(workdir)
+
+
+def test_bad_data_setting_is_found_before_the_process_group(workdir, capsys):
+    line = train_fails(capsys, "data.bad_rows=maybe")
+    assert "data.bad_rows='maybe'" in line and "Fix:" in line
+    nothing_written(workdir)
+
+
+# -- paths and inputs -------------------------------------------------------------------------
+
+
+def test_missing_data_path_names_it_and_writes_nothing(workdir, capsys):
+    line = train_fails(capsys, "data.source=npy", f"data.path={workdir / 'nope'}")
+    assert str(workdir / "nope") in line and "data.path" in line
+    nothing_written(workdir)
+
+
+def test_missing_tabular_input_names_the_file(workdir, capsys):
+    line = train_fails(capsys, "data=tabular", "data.tabular.inputs=[missing.csv]")
+    assert "missing.csv" in line and "does not exist" in line
+    nothing_written(workdir)
+    assert not (workdir / "data").exists()
+
+
+def _convert_small_csv(workdir: Path, capsys, rows: int = 200) -> tuple[Path, str]:
+    (workdir / "clicks.yaml").write_text(SCHEMA)
+    write_csv(workdir / "clicks.csv", make_clicks(rows, seed=3))
+    rc = data_cli.main(["tabular", "--schema", "clicks.yaml", "--input", "clicks.csv", "--out", "data/clicks", "--no-progress"])
+    assert rc == 0
+    return workdir / "data" / "clicks", capsys.readouterr().out
+
+
+def test_batch_larger_than_a_small_dataset_names_the_largest_that_works(workdir, capsys, monkeypatch):
+    from slipstream_rec.data.loader import load_meta
+
+    path, out = _convert_small_csv(workdir, capsys)
+    train_rows = load_meta(path).rows["train"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    line = train_fails(capsys, "data.source=npy", "data.path=data/clicks")
+    assert "trainer.batch_size=2048 is too large" in line
+    assert f"Fix: trainer.batch_size={train_rows // 2} or smaller" in line
+    nothing_written(workdir)
+    # The command slipstream-data printed for one process gets past every check.
+    printed = next(l for l in out.splitlines() if l.startswith("train with: "))
+    assert f"trainer.batch_size={1 << (train_rows.bit_length() - 1)}" in printed
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ProcessGroupStarted):
+        train.main(printed.split()[3:])
+
+
+def _complete_lines(gz: Path) -> int:
+    n = 0
+    try:
+        with gzip.open(gz, "rb") as f:
+            for _ in f:
+                n += 1
+    except EOFError:
+        pass
+    return n
+
+
+def test_truncated_gzip_names_the_file_and_last_good_line_and_rerun_starts_cleanly(workdir, capsys):
+    (workdir / "clicks.yaml").write_text(SCHEMA)
+    plain = write_csv(workdir / "full.csv", make_clicks(20_000, seed=4))
+    whole = gzip.compress(plain.read_bytes())
+    gz = workdir / "clicks.csv.gz"
+    gz.write_bytes(whole[: len(whole) // 2])
+    argv = ["tabular", "--schema", "clicks.yaml", "--input", "clicks.csv.gz", "--no-progress"]
+    assert data_cli.main(argv) == 2
+    line = one_error_line(capsys, "slipstream-data tabular")
+    assert f"clicks.csv.gz is truncated or corrupt" in line
+    assert f"after line {_complete_lines(gz)}, its last complete line" in line
+    assert not list((workdir / "data").glob(".*.partial")), "a partial conversion was left behind"
+    gz.write_bytes(whole)  # the fixed file: the same command now converts it
+    assert data_cli.main(argv) == 0
+    assert "rows: {'train'" in capsys.readouterr().out
+    assert not list((workdir / "data").glob(".*.partial"))
+
+
+def test_schema_typo_names_the_file_and_the_closest_key(workdir, capsys):
+    (workdir / "clicks.yaml").write_text(SCHEMA.replace("label_column", "lable_column"))
+    write_csv(workdir / "clicks.csv", make_clicks(50))
+    assert data_cli.main(["tabular", "--schema", "clicks.yaml", "--input", "clicks.csv"]) == 2
+    line = one_error_line(capsys, "slipstream-data tabular")
+    assert "clicks.yaml: lable_column is not a data.tabular key; did you mean label_column?" in line
+
+
+def test_missing_schema_file_names_it(workdir, capsys):
+    assert data_cli.main(["tabular", "--schema", "nope.yaml", "--input", "clicks.csv"]) == 2
+    assert "--schema nope.yaml does not exist" in one_error_line(capsys, "slipstream-data tabular")
+
+
+# -- --cfg, --debug ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["--cfg"], ["--cfg", "job"], ["--cfg", "all"], ["--cfg", "trainer.max_steps=7"]])
+def test_cfg_takes_hydras_argument_or_none(workdir, capsys, argv):
+    assert train.main(argv + ["sharding=row_wise"]) == 0
+    out = capsys.readouterr().out
+    assert "type: row_wise" in out
+    assert ("max_steps: 7" in out) == ("trainer.max_steps=7" in argv)
+    nothing_written(workdir)
+
+
+def test_cfg_hydra_says_in_one_line_there_is_none(workdir, capsys):
+    line = train_fails(capsys, "--cfg", "hydra")
+    assert "--cfg hydra" in line and "--cfg job" in line
+
+
+def test_debug_and_hydra_full_error_show_the_traceback(workdir, monkeypatch):
+    with pytest.raises(ConfigError, match="did you mean trainer.batch_size"):
+        train.main(["--debug", "trainer.bach_size=64"])
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        train.main(["data.source=npy", "data.path=nope"])
+
+
+def test_a_library_error_is_one_line_that_says_where_and_how_to_see_more():
+    from slipstream_rec.cli_errors import one_line
+
+    try:
+        int("x")
+    except ValueError as e:
+        # int() raises from C, so the innermost frame is this test file: outside the package.
+        text = one_line(e)
+    assert "invalid literal" in text and "--debug" in text and "test_errors.py" in text
+
+
+# -- as a user runs them ----------------------------------------------------------------------
+
+
+def _run(cmd: list, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "WORLD_SIZE", "RANK")}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_installed_commands_print_one_line_and_exit_2(tmp_path):
+    r = _run([str(BIN / "slipstream-train"), "+trainer.bach_size=64"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert "did you mean trainer.batch_size?" in r.stderr
+    r = _run([str(BIN / "slipstream-data"), "tabular", "--input", "nope.csv", "--no-progress",
+              "data.tabular.categorical_columns=[a]"], tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    errors = [l for l in r.stderr.splitlines() if "error:" in l]
+    assert len(errors) == 1 and "nope.csv does not exist" in errors[0], r.stderr
+    assert not (tmp_path / "runs").exists()
