@@ -113,6 +113,13 @@ class SlipstreamConfig:
     # skipping is safe, so D is lowered.
     quality_min_samples: int = 200
 
+    # --- negative downsampling beside a staleness policy
+    # Fraction of the non-clicks dropped uniformly at random from the first step, before the
+    # policy classifies what remains (He et al. 2014); evaluation adds log(1 - f) to every logit
+    # so predicted click rates stay calibrated. Only with paper / paper_plus: alone it is
+    # slipstream=negative_sampling.
+    negative_downsampling: float = 0.0
+
     # --- the control (policy random only)
     # Fraction of the samples skipped uniformly at random, whatever their lookups. Set it to the
     # skip fraction of the run it controls (benchmarks/slipstream_policies.py --random-control
@@ -136,6 +143,13 @@ class SlipstreamConfig:
             ("warmup_steps", self.warmup_steps >= 0, "0 or more steps"),
             ("random_skip_fraction", 0 <= self.random_skip_fraction < 1, "a fraction in [0, 1)"),
             ("quality_sample_size", self.quality_sample_size >= 1, "a positive sample count"),
+            ("negative_downsampling", 0 <= self.negative_downsampling < 1, "a fraction in [0, 1)"),
+            (
+                "negative_downsampling",
+                self.negative_downsampling == 0 or self.policy in (Policy.paper, Policy.paper_plus),
+                "0 with this policy: it combines uniform negative downsampling with paper or "
+                "paper_plus; alone, use slipstream=negative_sampling",
+            ),
             ("quality_min_gain", 0 <= self.quality_min_gain < 1, "a fraction in [0, 1)"),
             ("quality_z", self.quality_z >= 0, "0 or more standard errors"),
             ("quality_step", 0 < self.quality_step <= 1, "a fraction in (0, 1]"),

@@ -128,6 +128,7 @@ class SlipstreamController:
             enabled=cfg.policy.skips,
             negatives_only=cfg.negatives_only,
             random_fraction=cfg.random_skip_fraction,
+            negative_downsampling=cfg.negative_downsampling,
         )
         self.stream: Optional[SkippingStream] = None
         self._streams_done: Dict[str, int] = {"seen": 0, "skipped": 0, "dropped": 0}
@@ -378,6 +379,7 @@ class SlipstreamController:
         on the non-clicks kept at rate q = 1 - random_skip_fraction, so the model's odds come out
         1/q too high; log(q) undoes exactly that (He et al., "Practical Lessons from Predicting
         Clicks on Ads at Facebook", 2014). A monotone shift of every logit leaves AUC unchanged.
+        ``negative_downsampling`` beside paper / paper_plus is the same uniform correction.
         Every other case is 0: with p > 0 the 1/p weights already keep the loss unbiased, and a
         skip that depends on the lookups shifts some inputs' odds and not others', which no
         single offset corrects (the staleness policies with negatives_only are not calibrated).
@@ -387,7 +389,9 @@ class SlipstreamController:
         c = self.cfg
         if c.policy is Policy.random and c.negatives_only and c.keep_probability == 0:
             return math.log(1.0 - c.random_skip_fraction)
-        return 0.0
+        # negative_downsampling beside a staleness policy: its uniform part is corrected exactly,
+        # the staleness part on top of it is not (as above).
+        return math.log(1.0 - c.negative_downsampling) if c.negative_downsampling > 0 else 0.0
 
     # ---- reporting --------------------------------------------------------------------------
     def counters(self) -> Dict[str, int]:

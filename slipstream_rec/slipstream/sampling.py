@@ -74,6 +74,7 @@ class SkipDecider:
         enabled: bool = True,
         negatives_only: bool = False,
         random_fraction: float = 0.0,
+        negative_downsampling: float = 0.0,
     ) -> None:
         # index: flat key space of all tables (maps KJT lookups to rows of row_state).
         # row_state: per-row change; a row is stale iff change < threshold.
@@ -89,6 +90,9 @@ class SkipDecider:
         # negatives_only: only samples with label 0 are skippable.
         # random_fraction: > 0 = the control: a sample is skippable with this probability,
         #   whatever its lookups (no threshold, no staleness); 0 = classify by staleness.
+        # negative_downsampling: before anything else, each non-click is dropped with this
+        #   probability (uniform negative downsampling, weight 1, no ceiling, from the first
+        #   batch); the policy's decision applies to the rest. Its own random stream.
         if row_state.num_rows != index.num_rows:
             raise ValueError(
                 f"SkipDecider: row_state has {row_state.num_rows} rows but index has {index.num_rows}"
@@ -117,7 +121,12 @@ class SkipDecider:
         )
         # Skip budget per window; the epsilon keeps 0.3 * 10 at 3.
         self.window_budget = int(math.floor(self.max_skip_fraction * window_samples + 1e-9))
+        self.negative_downsampling = _check_fraction(
+            "negative_downsampling", negative_downsampling, "fraction of non-clicks dropped at random"
+        )
         self._gen = torch.Generator().manual_seed(seed)
+        self._neg_gen = torch.Generator().manual_seed(seed + 7_777_777)
+        self.negatives_downsampled = 0  # non-clicks dropped by negative_downsampling
         self.current_window = WindowStats(index=0)
         self.completed_windows: List[WindowStats] = []  # drained by pop_completed_windows()
         self.totals = WindowStats(index=-1)  # over all windows; index is meaningless here
@@ -149,6 +158,11 @@ class SkipDecider:
             sk = self.classify(batch)
         if self.active is not None and not self.active():
             sk = torch.zeros_like(sk)  # warm-up: the draws above still advance the stream
+        downsampled = None
+        if self.negative_downsampling > 0:
+            v = torch.rand(n, generator=self._neg_gen)
+            downsampled = (batch.labels.view(-1) == 0) & (v < self.negative_downsampling)
+            sk = sk & ~downsampled  # the policy decides over the samples that remain
         u = torch.rand(n, generator=self._gen)  # drawn for every sample: a stable random stream
         if self.negatives_only:
             sk = sk & (batch.labels.view(-1) == 0)
@@ -178,6 +192,9 @@ class SkipDecider:
         weights = torch.ones(n, dtype=torch.float32)
         if p > 0:
             weights.masked_fill_(kept_sampled, 1.0 / p)
+        if downsampled is not None:
+            self.negatives_downsampled += int(downsampled.sum())
+            skip = skip | downsampled
         return ~skip, weights
 
     def _count(self, win: torch.Tensor, n: int, *masks: torch.Tensor) -> None:
@@ -207,6 +224,8 @@ class SkipDecider:
         """What the next decisions depend on: the random stream, the open window, the totals."""
         return {
             "generator": self._gen.get_state(),
+            "negative_generator": self._neg_gen.get_state(),
+            "negatives_downsampled": self.negatives_downsampled,
             "current_window": self.current_window.as_dict(),
             "totals": self.totals.as_dict(),
             "last_threshold": self.last_threshold,
@@ -214,6 +233,9 @@ class SkipDecider:
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         self._gen.set_state(state["generator"])  # type: ignore[arg-type]
+        if "negative_generator" in state:
+            self._neg_gen.set_state(state["negative_generator"])  # type: ignore[arg-type]
+            self.negatives_downsampled = int(state["negatives_downsampled"])  # type: ignore[arg-type]
         self.current_window = WindowStats(**state["current_window"])  # type: ignore[arg-type]
         self.totals = WindowStats(**state["totals"])  # type: ignore[arg-type]
         self.last_threshold = state["last_threshold"]  # type: ignore[assignment]
