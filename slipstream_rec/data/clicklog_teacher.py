@@ -35,7 +35,7 @@ FIRST_ORDER: Dict[str, float] = {
     "ad_format": 0.2, "site_id": 0.45, "domain": 0.2, "site_category": 0.25, "placement": 0.3,
     "app_or_web": 0.15,
 }  # fmt: skip
-# Rows of the calibration sample (spread evenly over the days).
+# Rows of the calibration sample (spread evenly over the days; at most the log's rows).
 CALIBRATION_ROWS = 210_000
 STREAM_TEACHER, STREAM_CALIB = 21, 22
 
@@ -105,7 +105,7 @@ class ClicklogTeacher:
         self.driver_mean, self.driver_std = np.zeros(2), np.ones(2)
         crng = np.random.default_rng([c.seed, STREAM_CALIB])
         parts, ages = [], []
-        per_day = -(-CALIBRATION_ROWS // c.num_days)
+        per_day = -(-min(CALIBRATION_ROWS, c.num_days * c.rows_per_day) // c.num_days)
         for day in range(c.num_days):
             state = w.day_state(day)
             hours = draw(HOURLY_TRAFFIC, crng.random(per_day))
