@@ -28,6 +28,7 @@ cached under ``{root}/{name}-{config hash}`` by ``synthetic.ensure_dataset``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -35,7 +36,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -53,6 +54,7 @@ logger = logging.getLogger("slipstream_rec.data")
 # Bump when the generated data changes for the same config: it is part of the cache hash.
 GENERATOR_VERSION = 1
 # At most this many rows are drawn at once (an hour is split into chunks above it): bounds memory.
+# Each chunk has its own random stream, so changing this changes the data (bump the version).
 CHUNK_ROWS = 131_072
 # teacher_auc is measured on at most this many validation rows (bounded memory).
 MAX_AUC_ROWS = 4_000_000
@@ -322,14 +324,15 @@ def generate_dataset(cfg: Any, out_dir: Union[str, Path]) -> Dict[str, Any]:
     rows = split_rows(cfg)
     writer = _SplitWriter(out_dir, rows, world.cardinalities)
 
-    def hour_chunks(day: int, hour: int):
+    def hour_chunks(hour: int) -> Iterator[Tuple[int, int]]:
+        """(chunk number, rows) of an hour: bounded chunks, the same split every day."""
         for sub, start in enumerate(range(0, int(per_hour[hour]), CHUNK_ROWS)):
             yield sub, min(CHUNK_ROWS, int(per_hour[hour]) - start)
 
     # Warm-up: one day drawn from day 0's state, only counted (undecayed, then scaled).
     state = world.day_state(0)
     for hour in range(24):
-        for sub, m in hour_chunks(0, hour):
+        for sub, m in hour_chunks(hour):
             rng = np.random.default_rng([cfg.seed, STREAM_WARMUP, hour, sub])
             idx = world.sample(state, np.full(m, hour), rng)
             p = teacher.probability(idx, state.ad_age_days[idx[:, COL["ad_id"]]])
@@ -343,13 +346,14 @@ def generate_dataset(cfg: Any, out_dir: Union[str, Path]) -> Dict[str, Any]:
         counters.start_day()
         for hour in range(24):
             t = day * 24 + hour
-            for sub, m in hour_chunks(day, hour):
+            for sub, m in hour_chunks(hour):
                 rng = np.random.default_rng([cfg.seed, STREAM_ROWS, day, hour, sub])
                 idx = world.sample(state, np.full(m, hour), rng)
                 age = state.ad_age_days[idx[:, COL["ad_id"]]]
                 p = teacher.probability(idx, age)
                 labels = (rng.random(m) < p).astype(np.int32)
-                dense = counters.dense(idx, age, day, t, np.random.default_rng([cfg.seed, STREAM_DENSE, day, hour, sub]))
+                noise = np.random.default_rng([cfg.seed, STREAM_DENSE, day, hour, sub])
+                dense = counters.dense(idx, age, day, t, noise)
                 writer.write(row, dense, world.table_ids(idx), labels, p)
                 counters.observe(idx, labels)
                 row += m
@@ -392,3 +396,40 @@ def generate_dataset(cfg: Any, out_dir: Union[str, Path]) -> Dict[str, Any]:
         row, seconds, row / seconds, out_dir, {k: round(v, 4) for k, v in ctr.items()}, teacher_auc,
     )
     return meta
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``python -m slipstream_rec.data.clicklog [--out DIR] [OVERRIDES]``: simulate a click log.
+
+    Without --out: the cached ``data=clicklog`` dataset (with ``data.clicklog.*`` overrides);
+    with --out: a fresh directory. Prints the path, rows, generation rows/s and the statistics.
+    """
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--out", help="generate into this new directory instead of the cache")
+    parser.add_argument("overrides", nargs="*", help="e.g. data.clicklog.rows_per_day=100000")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", force=True)
+    from slipstream_rec.config import load_config
+    from slipstream_rec.data.synthetic import ensure_dataset
+
+    data = load_config(["data=clicklog", *args.overrides]).data
+    wall, cpu = time.perf_counter(), time.process_time()
+    if args.out:
+        path = Path(args.out)
+        path.mkdir(parents=True)
+        generate_dataset(data.clicklog, path)
+    else:
+        path = ensure_dataset(data)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    meta = json.loads((path / META_FILE).read_text())
+    rows = sum(meta["rows"].values())
+    print(json.dumps({
+        "path": str(path), "rows": meta["rows"], "seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
+        "rows_per_second": round(rows / wall), "ctr": meta["ctr"], "teacher_auc": meta["teacher_auc"],
+        "train_top_1pct_rows_lookup_share": meta["generator"]["train_top_1pct_rows_lookup_share"],
+        "tables": dict(zip(meta["sparse_feature_names"], meta["num_embeddings_per_feature"])),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -88,7 +88,8 @@ class ClicklogTeacher:
                                              latent(c.num_site_categories))  # fmt: skip
             f32 = lambda a: a.astype(np.float32)  # noqa: E731
             self.user_vec = f32((seg[w.user_segment] + latent(c.num_users)) / math.sqrt(2))
-            self.ad_user_vec = f32((cat[w.ad_category] + adv[w.ad_advertiser] + latent(w.num_ads)) / math.sqrt(3))
+            ad_own = latent(w.num_ads)
+            self.ad_user_vec = f32((cat[w.ad_category] + adv[w.ad_advertiser] + ad_own) / math.sqrt(3))
             self.ad_site_vec = f32((cat2[w.ad_category] + latent(w.num_ads)) / math.sqrt(2))
             self.site_vec = f32((site_cat[w.site_category] + latent(c.num_sites)) / math.sqrt(2))
         # Position bias: the chance an ad is looked at falls with its slot (Craswell et al. 2008).
