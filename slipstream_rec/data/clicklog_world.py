@@ -11,14 +11,18 @@ How one impression is drawn (``World.sample``), all by vectorized inverse-CDF sa
 2. the site: with probability ``preferred_site_share`` one of the user's few preferred sites
    (chosen once per user, half by the user's segment's favourite site categories, half by site
    popularity), else any site by popularity (Zipf, per-day jitter); a placement of that site;
-3. the ad category, targeted either by the site's category (contextual) or by the user's
-   segment (behavioural), weighted by the category's live ad volume that day; then an ad of
-   that category by popularity among the ads live that day. Ads enter (some at the head: a new
-   ad's popularity comes from the same heavy tail) and retire over the days: popularity drifts;
+3. the ad, by one of three routes: retargeting (an ad of one of the few advertisers the user
+   has visited), a direct deal of the site (an ad of one of its few deal campaigns), or
+   targeting: an ad category by the site's category (contextual) or the user's segment
+   (behavioural), weighted by the category's live ad volume that day, then an ad of that
+   category. Within the route, ads are drawn by popularity among the ads live that day. Ads
+   enter (some at the head: a new ad's popularity comes from the same heavy tail) and retire
+   over the days: popularity drifts;
 4. context: the hour (given), weekday, slot position (geometric), connection type (given the
    device), ISP (given the region).
 
-So (user, site), (ad, site) and whole tuples recur, and hot entities make hot rows in every
+So (user, site), (user, advertiser), (ad, site) and whole tuples recur (tests/data/
+test_clicklog.py measures it against independent pairing), and hot entities make hot rows in every
 table they touch. ``GroupedSampler`` is the one primitive: "a member of group g, by weight".
 """
 

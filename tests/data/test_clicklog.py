@@ -22,7 +22,7 @@ from slipstream_rec.data.clicklog import (
     normalize_clicklog_config,
     top_rows_lookup_share,
 )
-from slipstream_rec.data.clicklog_world import COL, FEATURES, World
+from slipstream_rec.data.clicklog_world import COL, FEATURES, GroupedSampler, World
 from slipstream_rec.data.config import ClicklogConfig, DataConfig
 from slipstream_rec.data.loader import SPLITS, load_meta
 from slipstream_rec.data.synthetic import dataset_dir, ensure_dataset, normalize_data_config
@@ -68,6 +68,26 @@ def plain(tmp_path_factory) -> Path:
 
 def distinct(a: np.ndarray, b: np.ndarray) -> int:
     return len(np.unique(a.astype(np.int64) * (int(b.max()) + 1) + b))
+
+
+def test_grouped_sampler_draws_members_of_the_group_by_weight() -> None:
+    rng = np.random.default_rng(0)
+    groups = 7
+    group_of = rng.integers(0, groups - 1, 400)  # group 6 has no member
+    weights = rng.pareto(1.0, 400) * (rng.random(400) < 0.8)  # heavy-tailed, some zero
+    sampler = GroupedSampler(group_of, groups).set_weights(weights)
+    asked = rng.integers(0, groups - 1, 200_000)
+    asked = asked[sampler.totals[asked] > 0]
+    u = rng.random(len(asked))
+    drawn = sampler.sample(asked, u)
+    # The guide table's answers are exactly the plain inverse-CDF search's.
+    plain = sampler.order[np.minimum(np.searchsorted(sampler.cdf, asked + u, side="right"), 399)]
+    assert np.array_equal(drawn, plain)
+    assert (group_of[drawn] == asked).all() and (weights[drawn] > 0).all()
+    g = int(np.argmax(np.bincount(asked)))  # frequencies within one group follow the weights
+    members = np.flatnonzero(group_of == g)
+    freq = np.bincount(drawn[asked == g], minlength=400)[members] / (asked == g).sum()
+    assert np.abs(freq - weights[members] / weights[members].sum()).max() < 0.01
 
 
 def test_same_seed_same_files_other_seed_different(tmp_path: Path) -> None:
