@@ -151,7 +151,7 @@ class ClicklogConfig:
     # hour of day, weekday, connection type.
     teacher_context_scale: float = 0.4
     # Std of the dense term: users' activity (heavy users click less per impression), the ad's
-    # age (creative wear-out) and bid. The four scales put the teacher's AUC on val near 0.8,
+    # age (creative wear-out). The four scales put the teacher's AUC on val near 0.8,
     # where the best published Criteo Kaggle models are (test AUC about 0.80-0.81).
     teacher_dense_scale: float = 0.4
     # Scatter each table's ids with a seeded permutation (else the entity index order is kept).
