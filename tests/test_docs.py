@@ -292,3 +292,22 @@ def test_readme_three_commands_take_a_csv_to_a_report(tmp_path):
     summary = json.loads(summaries[0].read_text())
     assert summary["samples_trained"] > 0 and 0 <= summary["test_auc"] <= 1
     assert list(tmp_path.glob("reports/*/report.html"))
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_to_existing_files_and_headings(doc):
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        assert dest.exists(), f"{doc.relative_to(ROOT)}: link to {target}: no such file"
+        if anchor and dest.suffix == ".md":
+            headings = [_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), flags=re.M)]
+            assert anchor in headings, f"{doc.relative_to(ROOT)}: link to {target}: no such heading"
