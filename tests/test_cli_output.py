@@ -1,0 +1,35 @@
+"""What the commands print besides errors: each slipstream-data subcommand's own examples, and
+the dataset line logged once per node."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from slipstream_rec.data import cli as data_cli
+
+
+@pytest.mark.parametrize("command", list(data_cli.SUBCOMMANDS))
+def test_each_subcommand_help_shows_its_own_examples(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        data_cli.main([command, "--help"])
+    assert e.value.code == 0
+    examples = capsys.readouterr().out.split("examples:", 1)[1]
+    shown = {line.split()[1] for line in examples.splitlines() if line.strip().startswith("slipstream-data ")}
+    assert shown == {command}, shown
+    assert "slipstream-train" in examples  # and how to train on the result
+
+
+def test_npy_directory_is_resolved_and_logged_once_on_local_rank_0(monkeypatch, caplog, tmp_path):
+    import slipstream_rec.job as job_module
+    from slipstream_rec.config import load_config
+    from tests.data.test_loader import write_dataset
+
+    path = write_dataset(tmp_path / "d", {"train": 64, "val": 16, "test": 16})
+    job = load_config(["data.source=npy", f"data.path={path}"])
+    monkeypatch.setattr(job_module.dist, "barrier", lambda: None)
+    with caplog.at_level(logging.INFO, logger="slipstream_rec"):
+        assert job_module.prepare_data(job, SimpleNamespace(local_rank=0)) == path
+    assert sum("using npy directory" in r.getMessage() for r in caplog.records) == 1
