@@ -256,3 +256,17 @@ def test_installed_commands_print_one_line_and_exit_2(tmp_path):
     errors = [l for l in r.stderr.splitlines() if "error:" in l]
     assert len(errors) == 1 and "nope.csv does not exist" in errors[0], r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_under_torchrun_every_rank_stops_before_the_process_group(tmp_path):
+    """2 ranks: the batch check uses torchrun's world size, and no rank gets to the run dir."""
+    from tests.data.test_loader import write_dataset
+
+    path = write_dataset(tmp_path / "d", {"train": 300, "val": 40, "test": 40})
+    r = _run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "slipstream_rec.train",
+              "data.source=npy", f"data.path={path}", "trainer.batch_size=200"], tmp_path)  # fmt: skip
+    assert r.returncode != 0
+    lines = [l for l in r.stderr.splitlines() if l.startswith("slipstream-train: error:")]
+    assert lines and all("Fix: trainer.batch_size=150 or smaller" in l for l in lines), r.stderr[-3000:]
+    assert "slipstream_rec/" not in r.stderr, "a traceback from the project's code"  # torchrun adds its own
+    assert not (tmp_path / "runs").exists()
