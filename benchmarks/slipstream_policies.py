@@ -41,6 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slipstream_rec.slipstream.random_control import random_control_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# A run that ends this far below its paired (same-seed) off run is flagged: a collapse, not noise
+# (paired differences spread by about 0.0005 on this project's data).
+COLLAPSE_AUC = 0.005
 BIN = Path(sys.executable).parent
 FIELDS = ["train_seconds", "samples_trained", "samples_seen", "samples_skipped", "skip_fraction", "val_auc",
           "val_logloss", "test_auc", "test_logloss", "slipstream_overhead_seconds", "steps", "threshold",
@@ -155,9 +158,18 @@ def main() -> None:
             refs = [ref for ref in ("off", control if label == control_of else None) if ref in runs and ref != label]
             for ref in refs:
                 d = [a - b for a, b in zip(aucs, (x["test_auc"] for x in runs[ref]))]
+                table[label][f"paired_test_auc_minus_{ref}"] = d
                 line += (f"; minus {ref} {statistics.mean(d):+.4f} +- {statistics.stdev(d):.4f} "
                          f"({', '.join(f'{v:+.4f}' for v in d)})")
             print(line)
+    flagged = []
+    if "off" in runs:  # paired by repeat (by seed with --vary-seed)
+        for label in labels:
+            for r, (x, o) in enumerate(zip(runs[label], runs["off"])):
+                if x["test_auc"] < o["test_auc"] - COLLAPSE_AUC:
+                    flagged.append({"label": label, "repeat": r, "test_auc": x["test_auc"], "off": o["test_auc"]})
+                    print(f"FLAG {label} repeat {r}: test AUC {x['test_auc']:.4f} is more than "
+                          f"{COLLAPSE_AUC} below its paired off's {o['test_auc']:.4f}")
     if control_of:
         a, b = table[control_of], table[control]
         print(f"{control_of} minus its random control (same skip fraction): test AUC "
@@ -166,7 +178,7 @@ def main() -> None:
     out = ROOT / "benchmarks" / "results" / f"slipstream_{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
-                               "vary_seed": args.vary_seed,
+                               "vary_seed": args.vary_seed, "flagged": flagged,
                                "runs": runs, "median": table}, indent=2) + "\n")
     print(f"raw: {out.relative_to(ROOT)}")
     write_report([runs_root / f"{label}-r{r}" for label in labels for r in range(args.repeats)], report)

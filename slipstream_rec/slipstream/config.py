@@ -102,9 +102,10 @@ class SlipstreamConfig:
     # Upcoming samples per rank scored at each snapshot (taken from the look-ahead buffer; at most
     # lookahead_batches * batch_size are there).
     quality_sample_size: int = 2048
-    # Relative log-loss advantage the skip candidates need over the other inputs (0.1: their mean
-    # log loss at least 10% below the others').
-    quality_min_gain: float = 0.1
+    # Relative log-loss advantage the skip candidates need over the other inputs, on top of the
+    # z standard errors (0: any measurable advantage; 0.1: their mean log loss at least 10% below
+    # the others').
+    quality_min_gain: float = 0.0
     # Standard errors of the difference that the advantage must clear.
     quality_z: float = 2.0
     # How much one decision moves D.
