@@ -205,7 +205,8 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
     if env.is_rank0:
         write_json_atomic(run_dir / "summary.json", summary)
         print(
-            f"done: val_auc={summary['val_auc']:.4f} val_logloss={summary['val_logloss']:.4f} "
+            f"done: policy={summary['policy']} skip_fraction={summary['skip_fraction']:.3f} "
+            f"val_auc={summary['val_auc']:.4f} val_logloss={summary['val_logloss']:.4f} "
             f"test_auc={summary['test_auc'] if summary['test_auc'] is None else round(summary['test_auc'], 4)} "
             f"samples_per_second={summary['samples_per_second']:.0f} "
             f"train_seconds={summary['train_seconds']:.1f} summary={run_dir / 'summary.json'}",
