@@ -1,11 +1,14 @@
 # `make demo`: install what is missing into .venv, then a 2-process CPU training on the default
 # synthetic dataset. `make test`: install what is missing, then the test suite.
+# `make image-check`: build docker/Dockerfile.cpu with docker or podman and try it (self-check,
+# 2-process training, torchx); `make image-check-gpu`: the GPU Dockerfile's install, without a GPU
+# (several GB of CUDA wheels). Both need only python3 (stdlib); see docs/images.md.
 PYTHON ?= python3.11
 VENV   ?= .venv
 NPROC  ?= 2
 STAMP  := $(VENV)/.stack-installed
 
-.PHONY: demo test test-all install clean
+.PHONY: demo test test-all install clean image-check image-check-gpu
 
 $(STAMP): pyproject.toml setup.py tools/install_stack.py
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (or: make PYTHON=python3)"; exit 1; }
@@ -23,6 +26,12 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "" $(ARGS)
+
+image-check:
+	python3 tools/image_check.py --variant cpu $(ARGS)
+
+image-check-gpu:
+	python3 tools/image_check.py --variant gpu $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs
