@@ -217,11 +217,11 @@ class SlipstreamController:
             return None
         t0 = time.perf_counter()
         if since == 0:
-            sel = self.tracker.select_hot(self.budget, float(cfg.min_count))
+            sel = self.tracker.select_hot(self.budget, int(cfg.min_count))
             self.hot_selection = sel.__dict__
             if self.is_rank0:
                 logger.info(
-                    "slipstream: %d hot rows (%.1f MiB of %.1f MiB budget, min count %.1f) at step %d",
+                    "slipstream: %d hot rows (%.1f MiB of %.1f MiB budget, min count %d) at step %d",
                     sel.hot_rows, sel.hot_bytes / 2**20, sel.budget_bytes / 2**20, sel.min_count_used, step,
                 )
         t1 = time.perf_counter()

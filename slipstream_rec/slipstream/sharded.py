@@ -43,7 +43,7 @@ class ShardUnit:
     cols: int  # columns of this shard
     replicated: bool  # data_parallel: every rank holds all rows and counts only its own batch
     weights: torch.Tensor = field(repr=False, default=None)  # (rows, cols) view of the live weights
-    counts: Optional[torch.Tensor] = field(repr=False, default=None)  # (rows,) lookups counted
+    counts: Optional[torch.Tensor] = field(repr=False, default=None)  # (rows,) int64 lookups counted
     hot_rows: Optional[torch.Tensor] = field(repr=False, default=None)  # local row ids, sorted
     snapshot: Optional[torch.Tensor] = field(repr=False, default=None)  # (n_hot, cols) copy
 
@@ -52,10 +52,14 @@ class ShardUnit:
         return self.cols * self.weights.element_size()
 
     def ensure_counts(self) -> torch.Tensor:
-        """The lookup counts, zero until something is counted."""
+        """The lookup counts (int64: exact at any count), zero until something is counted."""
         if self.counts is None:
-            self.counts = torch.zeros(self.rows, dtype=torch.float32, device=self.weights.device)
+            self.counts = torch.zeros(self.rows, dtype=torch.int64, device=self.weights.device)
         return self.counts
+
+    def count_table(self) -> torch.Tensor:
+        """Counts of every row of the shard as one int64 (rows,) tensor (tests and reports)."""
+        return self.ensure_counts().clone()
 
 
 def _unwrap(lookup: Any) -> Any:
@@ -136,5 +140,5 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
                 # split the group's values per feature once (feature-major layout)
                 by_group[unit.group] = list(torch.split(kjt.values(), kjt.length_per_key()))
             ids = by_group[unit.group][unit.position]
-            unit.ensure_counts().index_add_(0, ids.long(), torch.ones_like(ids, dtype=torch.float32))
+            unit.ensure_counts().index_add_(0, ids.long(), torch.ones_like(ids, dtype=torch.int64))
         self.count_seconds += time.perf_counter() - start

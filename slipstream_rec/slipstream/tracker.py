@@ -27,11 +27,11 @@ logger = logging.getLogger(__name__)
 class HotSelection:
     """What ``select_hot`` decided (identical on every rank)."""
 
-    min_count_used: float  # rows need at least this many counted lookups to be hot
+    min_count_used: int  # the fewest counted lookups of a hot row (min_count with no hot row)
     hot_rows: int  # distinct hot rows over all tables
     hot_bytes: int  # bytes of hot rows summed over all shards (replicas counted per rank)
     budget_bytes: int  # the configured global budget
-    candidates: int  # rows that met the minimum count before the budget cut
+    candidates: int  # distinct rows offered (met the minimum count) before the budget cut
 
 
 class StalenessTracker:
@@ -77,61 +77,76 @@ class StalenessTracker:
 
     # ---- hot selection (collective) ---------------------------------------------------------
     @torch.no_grad()
-    def select_hot(self, budget_bytes: int, min_count: float) -> HotSelection:
-        """Pick the most-counted rows that fit ``budget_bytes`` over all shards. Collective."""
+    def select_hot(self, budget_bytes: int, min_count: int) -> HotSelection:
+        """Pick the most-counted rows that fit ``budget_bytes`` over all shards. Collective.
+
+        The order is exact and the same on every rank: count descending (int64), then flat key
+        ascending, so ties at the boundary are broken by key and the budget is never exceeded.
+        A row's bytes are summed over all its shards (column shards, data-parallel replicas).
+        """
         replicated = sorted((u for u in self.units if u.replicated), key=lambda u: (u.table, u.col_offset))
         if dist.is_initialized() and dist.get_world_size() > 1:
             # All ranks: data-parallel tables are counted from local batches only. Every rank
             # holds the same replicated units (possibly none), so the all-reduce lines up.
-            flat = torch.cat([u.ensure_counts() for u in replicated]) if replicated else torch.zeros(0)
+            flat = (
+                torch.cat([u.ensure_counts() for u in replicated])
+                if replicated
+                else torch.zeros(0, dtype=torch.int64)
+            )
             all_reduce_(flat)
             for unit, part in zip(replicated, torch.split(flat, [u.rows for u in replicated])):
                 unit.counts = part.clone()
 
-        # Each rank offers its rows above the minimum count, at most as many as the budget could
-        # ever hold, so the gather stays small for tables of any size.
-        counts, sizes = [], []
+        # Each unit offers its rows with at least min_count lookups, in the global order, at most
+        # floor(budget / row_bytes) + 1 of them: those alone exceed the budget, so a row a unit
+        # does not offer comes after the cut and the decision over the offers is exact.
+        keys, counts, sizes = [], [], []
         for unit in self.units:
-            c = unit.ensure_counts()
-            c = c[c >= min_count]
-            cap = max(1, budget_bytes // unit.row_bytes)
-            if c.numel() > cap:
-                c = torch.topk(c, cap, sorted=False).values
-            counts.append(c.float().cpu())
-            sizes.append(torch.full((c.numel(),), float(unit.row_bytes)))
-        all_counts = gather_varlen(torch.cat(counts) if counts else torch.zeros(0))
-        all_bytes = gather_varlen(torch.cat(sizes) if sizes else torch.zeros(0))
+            c = unit.ensure_counts().cpu()
+            rows = torch.nonzero(c >= int(min_count)).flatten()  # ascending = key order
+            cap = budget_bytes // unit.row_bytes + 1
+            if rows.numel() > cap:
+                # stable sort: equal counts keep ascending rows, i.e. ascending keys
+                order = torch.sort(c[rows], descending=True, stable=True).indices[:cap]
+                rows = rows[order]
+            keys.append(self._global_keys(unit, rows))
+            counts.append(c[rows])
+            sizes.append(torch.full((rows.numel(),), unit.row_bytes, dtype=torch.int64))
+        empty = torch.zeros(0, dtype=torch.int64)
+        # All ranks: three gathers of the offers (keys, counts, bytes), the same lengths.
+        all_keys = gather_varlen(torch.cat(keys) if keys else empty)
+        all_counts = gather_varlen(torch.cat(counts) if counts else empty)
+        all_bytes = gather_varlen(torch.cat(sizes) if sizes else empty)
 
-        cut = float(min_count)
-        if all_counts.numel():
-            order = torch.argsort(all_counts, descending=True, stable=True)
-            cumulative = torch.cumsum(all_bytes[order].double(), 0)
-            fits = int((cumulative <= budget_bytes).sum())
-            if fits < all_counts.numel():
-                # The first row that does not fit sets the bar: only rows counted strictly more
-                # often are hot, so ties at the boundary never break the budget.
-                cut = max(cut, float(all_counts[order[fits]]) + 1e-3)
-        hot_bytes = 0
+        # From here on every rank computes the same thing from the same gathered offers.
+        unique, inverse = torch.unique(all_keys, return_inverse=True)  # sorted keys
+        row_bytes = torch.zeros(unique.numel(), dtype=torch.int64).index_add_(0, inverse, all_bytes)
+        row_count = torch.zeros(unique.numel(), dtype=torch.int64).scatter_reduce_(
+            0, inverse, all_counts, "amax", include_self=False
+        )
+        order = torch.sort(row_count, descending=True, stable=True).indices  # ties: key order
+        cumulative = torch.cumsum(row_bytes[order], 0)
+        fits = int((cumulative <= int(budget_bytes)).sum())  # a prefix: bytes are positive
+        chosen = order[:fits]
+        self.hot_keys = torch.sort(unique[chosen]).values
         for unit in self.units:
-            unit.hot_rows = torch.nonzero(unit.ensure_counts() >= cut).flatten()
+            unit.hot_rows = self._local_rows(unit, self.hot_keys).to(unit.weights.device)
             unit.snapshot = None
-            hot_bytes += int(unit.hot_rows.numel()) * unit.row_bytes
             unit.counts = None  # counting is over; free the memory
-        total_bytes = all_reduce_(torch.tensor([hot_bytes], dtype=torch.float64))  # all ranks
-        keys = gather_varlen(
-            torch.cat([self._global_keys(u, u.hot_rows) for u in self.units])
-            if self.units
-            else torch.zeros(0, dtype=torch.int64)
-        )
         self.row_state.reset()
-        self.hot_keys = torch.unique(keys)
         return HotSelection(
-            min_count_used=cut,
-            hot_rows=int(torch.unique(keys).numel()),
-            hot_bytes=int(total_bytes.item()),
+            min_count_used=int(row_count[chosen[-1]]) if fits else int(min_count),
+            hot_rows=int(fits),
+            hot_bytes=int(row_bytes[chosen].sum()),
             budget_bytes=int(budget_bytes),
-            candidates=int(all_counts.numel()),
+            candidates=int(unique.numel()),
         )
+
+    def _local_rows(self, unit: ShardUnit, sorted_keys: torch.Tensor) -> torch.Tensor:
+        """The unit's local rows among ``sorted_keys`` (flat keys, ascending), ascending."""
+        first = int(self.index.offsets[self._feature_idx[unit.feature]]) + unit.row_offset
+        lo, hi = torch.searchsorted(sorted_keys, torch.tensor([first, first + unit.rows])).tolist()
+        return sorted_keys[lo:hi] - first
 
     # ---- snapshots (collective) -------------------------------------------------------------
     @torch.no_grad()
@@ -231,10 +246,7 @@ class StalenessTracker:
             if not hot.numel():
                 unit.hot_rows = None
                 continue
-            f = self._feature_idx[unit.feature]
-            first = int(self.index.offsets[f]) + unit.row_offset
-            mine = hot[(hot >= first) & (hot < first + unit.rows)] - first
-            unit.hot_rows = mine.to(dev)
+            unit.hot_rows = self._local_rows(unit, hot).to(dev)
         return same
 
     def hot_rows_per_table(self) -> Dict[str, int]:

@@ -1,0 +1,129 @@
+"""Slipstream at production scale (issue 12): exact hot budget over the rows a shard offers, int64
+counts with exact ties, bounded window statistics, per-rank random streams on any resume.
+
+Single-process tests of the tracker use hand-built shard units (no DMP): with no process group
+every collective of the tracker is the identity, so the selection is exactly the local one.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import List
+
+import torch
+
+from slipstream_rec.data.types import Batch, make_kjt
+from slipstream_rec.slipstream.rows import RowIndex, RowState
+from slipstream_rec.slipstream.sampling import SkipDecider
+from slipstream_rec.slipstream.sharded import ShardUnit, SlipstreamShardedEBC
+from slipstream_rec.slipstream.tracker import StalenessTracker
+
+COLS = 4  # float32 columns: 16 bytes a row
+
+
+def _unit(feature: str, rows: int, counts: List[int], row_offset: int = 0) -> ShardUnit:
+    unit = ShardUnit(
+        table=f"t_{feature}", feature=feature, sharding_type="table_wise", group=0, position=0,
+        row_offset=row_offset, col_offset=0, rows=rows, cols=COLS, replicated=False,
+        weights=torch.zeros(rows, COLS),
+    )  # fmt: skip
+    unit.counts = torch.tensor(counts, dtype=torch.int64)
+    return unit
+
+
+def _tracker(units: List[ShardUnit], features: List[str], nums: List[int]) -> StalenessTracker:
+    module = SimpleNamespace(units=units, counting=False, count_seconds=0.0)
+    index = RowIndex(features, nums)
+    return StalenessTracker([module], index, RowState(index.num_rows))  # type: ignore[list-item]
+
+
+def test_one_shard_never_gets_more_hot_rows_than_fit():
+    # The issue's example: 10 rows counted 10..1, room for 3 rows.
+    unit = _unit("a", 10, list(range(10, 0, -1)))
+    tracker = _tracker([unit], ["a"], [10])
+    sel = tracker.select_hot(budget_bytes=3 * 4 * COLS, min_count=1)
+    assert unit.hot_rows.tolist() == [0, 1, 2]
+    assert tracker.hot_keys.tolist() == [0, 1, 2]
+    assert sel.hot_rows == 3 and sel.hot_bytes == 3 * 4 * COLS
+
+
+def test_ties_at_the_boundary_fill_the_budget_exactly_by_key_order():
+    # Counts past float32's exact range of +1e-3: 32768 + 1e-3 rounds back to 32768 in float32.
+    a = _unit("a", 3, [40000, 32768, 32768])
+    b = _unit("b", 2, [32768, 32768])
+    tracker = _tracker([a, b], ["a", "b"], [3, 2])
+    sel = tracker.select_hot(budget_bytes=3 * 4 * COLS, min_count=1)
+    # (count desc, key asc): a0 (40000), then the ties a1, a2, b0, b1 in key order.
+    assert tracker.hot_keys.tolist() == [0, 1, 2]
+    assert a.hot_rows.tolist() == [0, 1, 2] and b.hot_rows.tolist() == []
+    assert sel.hot_bytes == 3 * 4 * COLS and sel.min_count_used == 32768
+
+
+def test_a_budget_of_several_shards_is_exact_over_the_offers():
+    gen = torch.Generator().manual_seed(0)
+    counts = [torch.randint(1, 6, (50,), generator=gen) for _ in range(3)]
+    units = [_unit(f, 50, c.tolist()) for f, c in zip("abc", counts)]
+    tracker = _tracker(units, list("abc"), [50, 50, 50])
+    tracker.select_hot(budget_bytes=37 * 4 * COLS, min_count=2)
+    flat = torch.cat(counts)
+    eligible = torch.nonzero(flat >= 2).flatten()
+    order = sorted(eligible.tolist(), key=lambda k: (-int(flat[k]), k))
+    assert tracker.hot_keys.tolist() == sorted(order[:37])
+
+
+def test_counts_are_int64_past_float32_precision():
+    n = (1 << 24) + 3  # float32 counts stop at 2**24
+    unit = ShardUnit(
+        table="t_a", feature="a", sharding_type="table_wise", group=0, position=0, row_offset=0,
+        col_offset=0, rows=4, cols=COLS, replicated=False, weights=torch.zeros(4, COLS),
+    )  # fmt: skip
+    owner = SimpleNamespace(units=[unit], count_seconds=0.0)
+    kjt = make_kjt(["a"], torch.zeros(n, 1, dtype=torch.int64))
+    SlipstreamShardedEBC.count_lookups(owner, [kjt])  # type: ignore[arg-type]
+    counts = unit.count_table()
+    assert counts[0] == n and counts.dtype == torch.int64
+
+
+def _batch(n: int) -> Batch:
+    ids = torch.arange(n) % 10
+    return Batch(dense_features=torch.zeros(n, 13), sparse_features=make_kjt(["a"], ids.view(-1, 1)), labels=torch.zeros(n))
+
+
+def test_completed_windows_are_bounded_without_a_reader():
+    index = RowIndex(["a"], [10])
+    dec = SkipDecider(index, RowState(10), threshold=1.0, window_samples=2, keep_windows=8)
+    for _ in range(50):
+        dec(_batch(10))  # 5 windows a batch, 250 in all, nobody pops them
+    wins = dec.pop_completed_windows()
+    assert len(wins) == 8 and [w.index for w in wins] == list(range(242, 250))
+    assert dec.windows_dropped == 242 and dec.totals.samples == 500
+
+
+def test_a_resumed_rank_keeps_its_own_random_stream():
+    index = RowIndex(["a"], [10])
+    state = RowState(10)
+    kw = dict(threshold=1.0, keep_probability=0.5, random_fraction=0.0)
+    rank0 = SkipDecider(index, state, seed=1000, **kw)
+    rank0(_batch(100))
+    saved = rank0.state_dict()
+    # Same rank, same seed: the stream continues exactly.
+    again = SkipDecider(index, state, seed=1000, **kw)
+    again.load_state_dict(saved)
+    assert torch.equal(again._gen.get_state(), rank0._gen.get_state())
+    # Another world size: every rank loads rank 0's file. Rank 1 must not draw rank 0's stream,
+    # and two ranks that load the same file must not draw the same numbers either.
+    rank1 = SkipDecider(index, state, seed=1001, **kw)
+    rank1.load_state_dict(saved)
+    rank2 = SkipDecider(index, state, seed=1002, **kw)
+    rank2.load_state_dict(saved)
+    a, b, c = (torch.rand(64, generator=d._gen) for d in (again, rank1, rank2))
+    assert not torch.equal(a, b) and not torch.equal(b, c) and not torch.equal(a, c)
+    assert not torch.equal(
+        torch.rand(64, generator=rank1._neg_gen), torch.rand(64, generator=again._neg_gen)
+    )
+    # What is not random carries over.
+    assert rank1.totals == rank0.totals and rank1.current_window == rank0.current_window
+    # Reseeding is reproducible: the same rank loading the same file draws the same numbers.
+    twin = SkipDecider(index, state, seed=1001, **kw)
+    twin.load_state_dict(saved)
+    assert torch.equal(torch.rand(64, generator=twin._gen), b)
