@@ -20,8 +20,9 @@ counters of what WOULD be skipped -- but keeps every row with weight 1.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Deque, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -75,6 +76,7 @@ class SkipDecider:
         negatives_only: bool = False,
         random_fraction: float = 0.0,
         negative_downsampling: float = 0.0,
+        keep_windows: int = 64,
     ) -> None:
         # index: flat key space of all tables (maps KJT lookups to rows of row_state).
         # row_state: per-row change; a row is stale iff change < threshold.
@@ -93,6 +95,8 @@ class SkipDecider:
         # negative_downsampling: before anything else, each non-click is dropped with this
         #   probability (uniform negative downsampling, weight 1, no ceiling, from the first
         #   batch); the policy's decision applies to the rest. Its own random stream.
+        # keep_windows: completed windows held for pop_completed_windows (the newest); older ones
+        #   are dropped (counted in windows_dropped), so a run without a reader stays bounded.
         if row_state.num_rows != index.num_rows:
             raise ValueError(
                 f"SkipDecider: row_state has {row_state.num_rows} rows but index has {index.num_rows}"
@@ -127,8 +131,12 @@ class SkipDecider:
         self._gen = torch.Generator().manual_seed(seed)
         self._neg_gen = torch.Generator().manual_seed(seed + 7_777_777)
         self.negatives_downsampled = 0  # non-clicks dropped by negative_downsampling
+        if isinstance(keep_windows, bool) or not isinstance(keep_windows, int) or keep_windows < 1:
+            raise ValueError(f"SkipDecider: keep_windows must be an int >= 1, got {keep_windows!r}")
         self.current_window = WindowStats(index=0)
-        self.completed_windows: List[WindowStats] = []  # drained by pop_completed_windows()
+        # The newest completed windows, drained by pop_completed_windows(); bounded.
+        self.completed_windows: Deque[WindowStats] = deque(maxlen=keep_windows)
+        self.windows_dropped = 0  # completed windows pushed out unread
         self.totals = WindowStats(index=-1)  # over all windows; index is meaningless here
         self.last_threshold: Optional[float] = None
 
@@ -138,7 +146,8 @@ class SkipDecider:
 
     def pop_completed_windows(self) -> List[WindowStats]:
         """Windows completed since the last call (oldest first)."""
-        out, self.completed_windows = self.completed_windows, []
+        out = list(self.completed_windows)
+        self.completed_windows.clear()
         return out
 
     def classify(self, batch: Batch) -> torch.Tensor:
@@ -211,6 +220,8 @@ class SkipDecider:
             cur.kept_sampled += per[2][w]
             cur.forced_kept_by_ceiling += per[3][w]
             if cur.samples == self.window_samples:
+                if len(self.completed_windows) == self.completed_windows.maxlen:
+                    self.windows_dropped += 1
                 self.completed_windows.append(cur)
                 self.current_window = WindowStats(index=cur.index + 1)
         t = self.totals
@@ -223,6 +234,7 @@ class SkipDecider:
     def state_dict(self) -> Dict[str, object]:
         """What the next decisions depend on: the random stream, the open window, the totals."""
         return {
+            "seed": self.seed,  # whose stream this is: another rank's is not continued
             "generator": self._gen.get_state(),
             "negative_generator": self._neg_gen.get_state(),
             "negatives_downsampled": self.negatives_downsampled,
@@ -232,9 +244,21 @@ class SkipDecider:
         }
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
-        self._gen.set_state(state["generator"])  # type: ignore[arg-type]
-        if "negative_generator" in state:
-            self._neg_gen.set_state(state["negative_generator"])  # type: ignore[arg-type]
+        """Restore. The random streams continue exactly only when the state is this decider's
+        own (the same seed, i.e. the same rank). On another world size every rank loads rank 0's
+        file: its draws would repeat rank 0's on every rank, so each rank starts fresh streams
+        from its own seed and the position instead (reproducible, distinct per rank)."""
+        own = state.get("seed", self.seed) == self.seed
+        if own:
+            self._gen.set_state(state["generator"])  # type: ignore[arg-type]
+            if "negative_generator" in state:
+                self._neg_gen.set_state(state["negative_generator"])  # type: ignore[arg-type]
+        else:
+            position = int(state["totals"]["samples"])  # type: ignore[index]
+            fresh = (self.seed * 1_000_003 + position + 1) % (1 << 62)
+            self._gen.manual_seed(fresh)
+            self._neg_gen.manual_seed(fresh + 7_777_777)
+        if "negatives_downsampled" in state:
             self.negatives_downsampled = int(state["negatives_downsampled"])  # type: ignore[arg-type]
         self.current_window = WindowStats(**state["current_window"])  # type: ignore[arg-type]
         self.totals = WindowStats(**state["totals"])  # type: ignore[arg-type]
