@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from slipstream_rec.slipstream.rows import RowIndex
+from slipstream_rec.slipstream.rows import RowIndex, RowState
 
 __all__ = [
     "lookups_per_sample",
@@ -108,15 +108,23 @@ def _sample_counts(
     return hit, total
 
 
+def _lookup_changes(kjt: KeyedJaggedTensor, index: RowIndex, change: Any) -> torch.Tensor:
+    """The change of every lookup: from a ``RowState`` (sparse, O(hot rows)) or a dense per-flat-row
+    tensor (tests and references)."""
+    if isinstance(change, RowState):
+        return change.lookup_changes(index, kjt)
+    return change.index_select(0, index.flat_keys(kjt))
+
+
 def per_sample_max_change(
-    kjt: KeyedJaggedTensor, index: RowIndex, change: torch.Tensor
+    kjt: KeyedJaggedTensor, index: RowIndex, change: Any
 ) -> torch.Tensor:
     """Each sample's largest ``change`` over all its lookups (all features), shape (B,).
 
     ``change`` is the per-flat-row tensor (``RowState.change``); a sample with no lookups gets
     +inf (never skippable). Dtype follows ``change``.
     """
-    per_lookup = change.index_select(0, index.flat_keys(kjt))
+    per_lookup = _lookup_changes(kjt, index, change)
     return _sample_max(kjt, per_lookup)
 
 
@@ -160,7 +168,7 @@ def skippable(
 def skippable_by_threshold(
     kjt: KeyedJaggedTensor,
     index: RowIndex,
-    change: torch.Tensor,
+    change: Any,
     threshold: Optional[float],
     alpha: float = 1.0,
 ) -> torch.Tensor:
@@ -174,7 +182,7 @@ def skippable_by_threshold(
     num_keys, stride, lengths, _ = layout
     if threshold is None:
         return torch.zeros(stride, dtype=torch.bool)
-    per_lookup = change.index_select(0, index.flat_keys(kjt))
+    per_lookup = _lookup_changes(kjt, index, change)
     if alpha == 1.0:
         # all stale <=> max change < T; the empty-sample max is +inf, never < T... unless T is
         # +inf, hence the explicit lookup-count check.

@@ -12,7 +12,8 @@ done (``after_step``). The controller:
    the inputs it would skip (one no-grad forward of that sample, collective);
 4. classifies each raw batch when the pipeline pulls it, before its input all-to-all, drops the
    skippable samples (with the safeguards) and refills batches to a constant size;
-5. keeps all ranks in lock-step: every step all ranks agree whether each has a batch.
+5. keeps all ranks in lock-step: all ranks agree whether each has a batch, every step or, with
+   ``trainer.lockstep_every_steps`` = k, every k steps from the k batches each rank built ahead.
 
 With policy ``off`` none of the tracking happens and every sample is kept; with ``random`` (the
 control) nothing is tracked either and the decider skips a uniform random fraction. The stream,
@@ -49,13 +50,26 @@ from slipstream_rec.distributed import all_reduce_, gather_varlen
 logger = logging.getLogger(__name__)
 
 
-def lockstep(batches: Iterator[Batch], on_drop: Any = None) -> Iterator[Batch]:
+def lockstep(batches: Iterator[Batch], on_drop: Any = None, every: int = 1) -> Iterator[Batch]:
     """Yield while EVERY rank still has a batch; stop on all ranks together.
 
-    Collective: all ranks enter one MIN all-reduce per batch. Without it, a rank whose stream
+    Collective: all ranks enter one MIN all-reduce per agreement. Without it, a rank whose stream
     ran dry first would leave the others waiting in the next all-to-all until the timeout.
+
+    ``every`` = 1: one agreement per batch. ``every`` = k > 1 (``batches`` must be a
+    ``SkippingStream``): each rank builds its next k batches ahead (``prepare``), the ranks agree
+    on the fewest any of them holds, n, and all hand out n batches with no further collective.
+    A rank that runs out holds fewer than k, so it says so k steps ahead; n < k means the last
+    agreement: every rank stops after those n and drops what it built beyond them. The
+    agreement falls on the same steps in an interrupted and resumed run (``agreed_ahead`` is
+    part of the stream's checkpoint).
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
+    if every < 1:
+        raise ValueError(f"trainer.lockstep_every_steps={every} must be >= 1 (1: agree every step)")
+    if every > 1 and world > 1:
+        yield from _lockstep_ahead(batches, on_drop, every)
+        return
     while True:
         batch = next(batches, None)
         if world > 1:
@@ -68,6 +82,28 @@ def lockstep(batches: Iterator[Batch], on_drop: Any = None) -> Iterator[Batch]:
             if batch is not None and on_drop is not None:
                 on_drop(batch.batch_size)
             return
+        yield batch
+
+
+def _lockstep_ahead(stream: Any, on_drop: Any, every: int) -> Iterator[Batch]:
+    """``lockstep`` with one agreement every ``every`` batches (see there)."""
+    assert hasattr(stream, "prepare"), "lockstep every k > 1 steps needs a SkippingStream"
+    while True:
+        if stream.agreed_ahead == 0:
+            if stream.agreed_last:  # the previous agreement was the last: every rank stops
+                stream.drop_ready()  # counted by the stream as dropped at the end
+                return
+            ready = stream.prepare(every)
+            n = torch.tensor([ready], dtype=torch.int64)
+            all_reduce_(n, dist.ReduceOp.MIN)  # all ranks, once every `every` batches
+            agreed = int(n.item())
+            if agreed == 0:
+                stream.drop_ready()
+                return
+            stream.agreed_ahead = agreed
+            stream.agreed_last = int(agreed < every)  # some rank holds no more after these
+        batch = next(stream)
+        stream.agreed_ahead -= 1  # before the yield: a checkpoint in between sees it handed out
         yield batch
 
 
@@ -98,10 +134,11 @@ class SlipstreamController:
         self.batch_size = batch_size
         self.is_rank0 = rank == 0
         self.index = RowIndex(feature_names, num_embeddings)
-        self.row_state = RowState(self.index.num_rows)
+        self.row_state = RowState(self.index.num_rows, self.index)
         self.threshold: Optional[float] = None  # None: nothing is stale
         self.threshold_info: Dict[str, Any] = {}
-        self._frozen_stale = torch.zeros(self.index.num_rows, dtype=torch.bool)
+        # reactivate=false: the sorted flat keys of the rows found stale once (stale for good).
+        self._frozen_keys = torch.zeros(0, dtype=torch.int64)
         modules = [m for m in model.modules() if isinstance(m, SlipstreamShardedEBC)]
         if cfg.policy.tracks and not modules:
             raise ValueError(
@@ -175,12 +212,16 @@ class SlipstreamController:
         return out
 
     def wrap(
-        self, raw_batches: Iterator[Batch], stream_state: Optional[Dict[str, Any]] = None
+        self,
+        raw_batches: Iterator[Batch],
+        stream_state: Optional[Dict[str, Any]] = None,
+        lockstep_every: int = 1,
     ) -> Iterator[Batch]:
         """The training stream of one epoch: classified, refilled, in lock-step over ranks.
 
         ``stream_state`` (from a checkpoint) continues an interrupted epoch: ``raw_batches`` must
         then start right after the saved stream's ``source_batches_pulled`` batches.
+        ``lockstep_every``: batches between two agreements of the ranks (``lockstep``).
         """
         self._close_stream()
         self.stream = SkippingStream(
@@ -188,7 +229,7 @@ class SlipstreamController:
         )
         if stream_state is not None:
             self.stream.load_state_dict(stream_state)
-        return lockstep(self.stream, on_drop=self._dropped)
+        return lockstep(self.stream, on_drop=self._dropped, every=lockstep_every)
 
     def _dropped(self, n: int) -> None:
         self._streams_done["dropped"] += n
@@ -231,17 +272,19 @@ class SlipstreamController:
         if measured:
             if not cfg.reactivate:
                 # The paper: once stale, stale for the rest of training.
-                frozen_keys = self._frozen_stale.nonzero().flatten()
-                self.row_state.set_changes(frozen_keys, torch.zeros(frozen_keys.numel()))
+                self.row_state.set_changes(self._frozen_keys, torch.zeros(self._frozen_keys.numel()))
             if self.threshold is None or cfg.refresh_threshold:
                 decision = self._choose_threshold()
             if not cfg.reactivate and self.threshold is not None:
-                self._frozen_stale |= self.row_state.stale_mask(self.threshold)
+                stale = self.row_state.stale_keys(self.threshold)
+                self._frozen_keys = torch.unique(torch.cat([self._frozen_keys, stale]))
         t3 = time.perf_counter()
         quality_s = decision["seconds"] if decision else 0.0
         self.seconds["sync"] += (t1 - t0) + (t3 - t2) - quality_s
         self.seconds["snapshot"] += t2 - t1
         record = self.state_record(with_tables=True)
+        record["state_bytes"] = self.state_bytes()
+        record["peak_state_bytes"] = self.peak_state_bytes()
         if decision is not None:
             record["quality"] = decision
         return record
@@ -259,7 +302,7 @@ class SlipstreamController:
         else:
             values = per_sample_max_change(
                 slice_rows(sample, 0, min(sample.batch_size, cfg.threshold_sample_size)).sparse_features,
-                self.index, self.row_state.change,
+                self.index, self.row_state,
             )
         values = gather_varlen(values.float())  # all ranks
         decision = None
@@ -289,7 +332,7 @@ class SlipstreamController:
         assert sample is not None
         batch = slice_rows(sample, 0, n)  # the same size on every rank
         candidate = skippable_by_threshold(
-            batch.sparse_features, self.index, self.row_state.change, t_max, cfg.alpha
+            batch.sparse_features, self.index, self.row_state, t_max, cfg.alpha
         )
         if cfg.negatives_only:
             candidate &= batch.labels.view(-1) == 0
@@ -318,8 +361,8 @@ class SlipstreamController:
             "first_skip_step": self.first_skip_step,
             "threshold": self.threshold,
             "threshold_info": self.threshold_info,
-            "change": self.row_state.change.clone(),
-            "frozen_stale": self._frozen_stale.clone(),
+            "row_state": self.row_state.state_dict(),
+            "frozen_keys": self._frozen_keys.clone(),
             "hot_selection": self.hot_selection,
             "seconds": dict(self.seconds),
             "count_seconds": [m.count_seconds for m in self.tracker.modules] if self.tracker else [],
@@ -340,18 +383,26 @@ class SlipstreamController:
                 f"{'does' if self.tracker is not None else 'does not'}. Fix: resume with the "
                 "policy the run started with, or start a new run directory"
             )
-        if state["change"].numel() != self.row_state.num_rows:
+        saved_rows = (
+            int(state["row_state"]["num_rows"]) if "row_state" in state else state["change"].numel()
+        )
+        if saved_rows != self.row_state.num_rows:
             raise ValueError(
-                f"the checkpoint tracks {state['change'].numel()} embedding rows, this model has "
+                f"the checkpoint tracks {saved_rows} embedding rows, this model has "
                 f"{self.row_state.num_rows}. Fix: resume with the dataset and model the run started with"
             )
         self.step = int(state["step"])
         self.first_skip_step = state.get("first_skip_step")
         self.threshold = state["threshold"]
         self.threshold_info = state["threshold_info"]
-        self.row_state.change.copy_(state["change"])
-        self.row_state.version += 1
-        self._frozen_stale = state["frozen_stale"].clone()
+        if "row_state" in state:
+            self.row_state.load_state_dict(state["row_state"])
+            self._frozen_keys = state["frozen_keys"].clone()
+        else:  # older checkpoints: dense per-row change and frozen mask
+            change = state["change"]
+            hot = torch.isfinite(change).nonzero().flatten()
+            self.row_state.replace(hot, change[hot])
+            self._frozen_keys = state["frozen_stale"].nonzero().flatten()
         self.hot_selection = state["hot_selection"]
         self.seconds.update(state["seconds"])
         self._streams_done.update(state["streams_done"])
@@ -432,17 +483,30 @@ class SlipstreamController:
             **{f"{k}_seconds": v for k, v in self.seconds.items() if k != "count"},
         }
         if self.threshold is not None:
-            stale = self.row_state.stale_mask(self.threshold)
-            record["stale_rows"] = int(stale.sum())
+            stale = self.row_state.stale_keys(self.threshold)  # O(hot rows)
+            record["stale_rows"] = int(stale.numel())
             if with_tables and self.tracker is not None:
-                record["stale_rows_per_table"] = self.tracker.stale_rows_per_table(stale)
+                record["stale_rows_per_table"] = self.tracker.rows_per_table(stale)
         else:
             record["stale_rows"] = 0
         if with_tables and self.tracker is not None:
             record["hot_rows_per_table"] = self.tracker.hot_rows_per_table()
             record["threshold_info"] = self.threshold_info
-            record["change_histogram"] = change_histogram(self.row_state.change)
+            record["change_histogram"] = change_histogram(self.row_state.values)
         return record
+
+    def state_bytes(self) -> int:
+        """Bytes of this rank's Slipstream per-row state now: the tracker's (hot keys, counts, hot
+        rows, snapshots), the published changes with their lookup view, the frozen keys."""
+        held = self.row_state.nbytes() + self._frozen_keys.numel() * 8
+        if self.tracker is not None:
+            held += self.tracker.state_bytes()
+        return int(held)
+
+    def peak_state_bytes(self) -> int:
+        """The largest ``state_bytes`` so far on this rank, snapshot copies and gathers included."""
+        peak = self.tracker.peak_bytes + self._frozen_keys.numel() * 8 if self.tracker is not None else 0
+        return int(max(peak, self.state_bytes()))
 
     def count_seconds(self) -> float:
         if self.tracker is None:

@@ -2,12 +2,13 @@
 
 Every sparse feature has its own table (``num_embeddings[f]`` rows, ids are global row ids of that
 table). A (feature, row) pair maps to the flat key ``offsets[f] + row`` with ``offsets`` the
-exclusive cumsum of ``num_embeddings``, so per-row state for all tables lives in one tensor.
+exclusive cumsum of ``num_embeddings``: one key space over all tables, in which the per-row state
+of the hot rows is kept sparse (sorted keys), so it grows with the hot set, not the tables.
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -140,30 +141,67 @@ def _per_key_lengths(kjt: KeyedJaggedTensor, num_keys: int) -> torch.Tensor:
 
 
 class RowState:
-    """Per flat row: ``change`` (float32), +inf = not hot / unknown; finite = a hot row's change.
+    """The change of every hot row, in O(hot rows): sorted flat ``keys`` and their ``values``.
 
-    A row is *stale* for a threshold T iff ``change < T`` (strict), so an +inf row is never stale.
-    Changes are magnitudes: finite values must be >= 0 (so T = 0 makes nothing stale).
+    A row not in ``keys`` has change +inf (not hot / unknown). A row is *stale* for a threshold
+    T iff ``change < T`` (strict), so an +inf row is never stale. Changes are magnitudes: finite
+    values must be >= 0 (so T = 0 makes nothing stale).
+
+    Lookups (``lookup_changes``) go through a per-table view rebuilt when the state changes: a
+    dense float32 vector for a table whose rows are few next to its hot rows (at most
+    ``DENSE_ROWS_PER_HOT_ROW`` per hot row) or small (``DENSE_SMALL_BYTES`` in all, smallest
+    tables first): an index_select per lookup; the table's sorted hot keys otherwise: a binary
+    search per lookup. So the memory stays O(hot rows) plus a constant, whatever the total rows.
     """
 
-    def __init__(self, num_rows: int) -> None:
+    DENSE_ROWS_PER_HOT_ROW = 16  # a dense view costs at most 16 * 4 bytes per hot row
+    DENSE_SMALL_BYTES = 8 << 20  # small tables: dense below this total, whatever their hot rows
+
+    def __init__(self, num_rows: int, index: Optional[RowIndex] = None) -> None:
         # num_rows: size of the flat key space (RowIndex.num_rows).
+        # index: the tables' layout, for the per-table lookup view (None: one table).
         if num_rows < 0:
             raise ValueError(f"RowState: num_rows must be >= 0, got {num_rows}")
-        self.change: torch.Tensor = torch.full((int(num_rows),), float("inf"), dtype=torch.float32)
+        if index is not None and index.num_rows != num_rows:
+            raise ValueError(f"RowState: num_rows {num_rows} but the index has {index.num_rows}")
+        self._num_rows = int(num_rows)
+        self._bounds = (
+            torch.cat([index.offsets, torch.tensor([index.num_rows])])
+            if index is not None
+            else torch.tensor([0, self._num_rows], dtype=torch.int64)
+        )
+        self.keys: torch.Tensor = torch.zeros(0, dtype=torch.int64)  # sorted, unique
+        self.values: torch.Tensor = torch.zeros(0, dtype=torch.float32)  # change of each key
         # version: bumped on every mutation, so callers can cache things derived from the state.
         self.version: int = 0
+        self._view_version = -1
+        self._dense: Dict[int, torch.Tensor] = {}  # table -> (rows,) float32 change
+        self._sparse: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # table -> (rows, values)
 
     @property
     def num_rows(self) -> int:
-        return int(self.change.numel())
+        return self._num_rows
+
+    @property
+    def num_hot(self) -> int:
+        return int(self.keys.numel())
+
+    def nbytes(self) -> int:
+        """Bytes held: the keys and values plus the lookup view (when built)."""
+        view = sum(t.numel() * t.element_size() for t in self._dense.values())
+        view += sum(r.numel() * 8 + v.numel() * 4 for r, v in self._sparse.values())
+        return int(self.keys.numel() * 8 + self.values.numel() * 4 + view)
+
+    def _check(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if keys.numel() and (int(keys.min()) < 0 or int(keys.max()) >= self._num_rows):
+            raise ValueError(f"RowState.set_changes: keys outside [0, {self._num_rows})")
+        if bool(torch.isnan(values).any()) or bool((values < 0).any()):
+            raise ValueError("RowState.set_changes: change values must be >= 0 or +inf (no NaN)")
 
     def set_changes(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Overwrite ``change`` at flat ``keys`` with ``values``; all other rows untouched.
-
-        Values must be >= 0 or +inf (NaN and negatives are rejected); with duplicate keys the
-        last write wins as in ``index_put_`` (unspecified order, avoid duplicates).
-        """
+        """Overwrite the change of flat ``keys`` with ``values`` (+inf: no longer hot); all other
+        rows untouched. Values must be >= 0 or +inf (NaN and negatives are rejected); with
+        duplicate keys one of the writes wins (unspecified, avoid duplicates)."""
         keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1)
         values = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
         if values.numel() != keys.numel():
@@ -174,27 +212,119 @@ class RowState:
             values = values.expand(keys.numel())
         if keys.numel() == 0:
             return
-        if int(keys.min()) < 0 or int(keys.max()) >= self.num_rows:
-            raise ValueError(f"RowState.set_changes: keys outside [0, {self.num_rows})")
-        if bool(torch.isnan(values).any()) or bool((values < 0).any()):
-            raise ValueError("RowState.set_changes: change values must be >= 0 or +inf (no NaN)")
-        self.change.index_put_((keys,), values)
+        self._check(keys, values)
+        # New values first, so that unique's first occurrence (stable sort) is the new one.
+        all_keys = torch.cat([keys, self.keys])
+        all_values = torch.cat([values, self.values])
+        order = torch.sort(all_keys, stable=True).indices
+        sorted_keys = all_keys[order]
+        first = torch.ones(sorted_keys.numel(), dtype=torch.bool)
+        first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+        merged_keys, merged_values = sorted_keys[first], all_values[order][first]
+        keep = torch.isfinite(merged_values)
+        self.keys, self.values = merged_keys[keep].contiguous(), merged_values[keep].contiguous()
+        self.version += 1
+
+    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """The whole state at once: ``keys`` sorted and unique, their finite ``values``."""
+        keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1)
+        values = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
+        assert keys.numel() == values.numel()
+        assert keys.numel() < 2 or bool((keys[1:] > keys[:-1]).all()), "keys must be sorted, unique"
+        self._check(keys, values)
+        keep = torch.isfinite(values)
+        self.keys, self.values = keys[keep].clone(), values[keep].clone()
         self.version += 1
 
     def reset(self) -> None:
         """Every row back to +inf (not hot)."""
-        self.change.fill_(float("inf"))
+        self.keys = torch.zeros(0, dtype=torch.int64)
+        self.values = torch.zeros(0, dtype=torch.float32)
         self.version += 1
 
+    def stale_keys(self, threshold: float) -> torch.Tensor:
+        """Sorted flat keys with ``change < threshold`` (strict, compared in float32)."""
+        return self.keys[self.values < float(threshold)]
+
+    def changes_of(self, keys: torch.Tensor) -> torch.Tensor:
+        """The change of each flat key (any shape, any order): +inf for rows not hot."""
+        keys = torch.as_tensor(keys, dtype=torch.int64)
+        out = torch.full(keys.shape, float("inf"), dtype=torch.float32)
+        if self.keys.numel() == 0 or keys.numel() == 0:
+            return out
+        pos = torch.searchsorted(self.keys, keys).clamp_(max=self.keys.numel() - 1)
+        hit = self.keys[pos] == keys
+        return torch.where(hit, self.values[pos], out)
+
+    def lookup_changes(self, index: RowIndex, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        """The change of every lookup of ``kjt``, in KJT value order (as ``index.flat_keys``)."""
+        self._build_view()
+        values = kjt.values()
+        if values.numel() == 0:
+            return torch.zeros(0, dtype=torch.float32)
+        if self._bounds.numel() == 2:  # built without an index: one table over all flat keys
+            feats, parts = [0], [index.flat_keys(kjt)]
+        else:
+            feats = index.feature_indices(kjt.keys()).tolist()
+            parts = list(torch.split(values, kjt.length_per_key()))
+        out = []
+        for f, ids in zip(feats, parts):
+            ids = ids.to(torch.int64)
+            dense = self._dense.get(f)
+            if dense is not None:
+                out.append(dense.index_select(0, ids))
+                continue
+            rows, vals = self._sparse[f]
+            change = torch.full(ids.shape, float("inf"), dtype=torch.float32)
+            if rows.numel() and ids.numel():
+                pos = torch.searchsorted(rows, ids).clamp_(max=rows.numel() - 1)
+                change = torch.where(rows[pos] == ids, vals[pos], change)
+            out.append(change)
+        return torch.cat(out)
+
+    def _build_view(self) -> None:
+        if self._view_version == self.version:
+            return
+        bounds = self._bounds
+        cuts = torch.searchsorted(self.keys, bounds).tolist()
+        sizes = (bounds[1:] - bounds[:-1]).tolist()
+        small_left = self.DENSE_SMALL_BYTES
+        self._dense, self._sparse = {}, {}
+        for t in sorted(range(len(sizes)), key=lambda i: sizes[i]):
+            lo, hi = cuts[t], cuts[t + 1]
+            rows = self.keys[lo:hi] - int(bounds[t])
+            dense = sizes[t] <= self.DENSE_ROWS_PER_HOT_ROW * (hi - lo)
+            if not dense and sizes[t] * 4 <= small_left:
+                dense, small_left = True, small_left - sizes[t] * 4
+            if dense:
+                vec = torch.full((sizes[t],), float("inf"), dtype=torch.float32)
+                vec[rows] = self.values[lo:hi]
+                self._dense[t] = vec
+            else:
+                self._sparse[t] = (rows, self.values[lo:hi])
+        self._view_version = self.version
+
+    def dense_change(self) -> torch.Tensor:
+        """Every row's change as one (num_rows,) float32 tensor. O(num_rows): tests only."""
+        out = torch.full((self._num_rows,), float("inf"), dtype=torch.float32)
+        out[self.keys] = self.values
+        return out
+
     def stale_mask(self, threshold: float) -> torch.Tensor:
-        """Bool (num_rows,): ``change < threshold`` (strict, compared in float32)."""
-        return self.change < float(threshold)
+        """Bool (num_rows,): ``change < threshold``. O(num_rows): tests only."""
+        out = torch.zeros(self._num_rows, dtype=torch.bool)
+        out[self.stale_keys(threshold)] = True
+        return out
 
     @property
     def hot_mask(self) -> torch.Tensor:
-        """Bool (num_rows,): rows with a finite change (currently tracked as hot)."""
-        return torch.isfinite(self.change)
+        """Bool (num_rows,): rows with a finite change. O(num_rows): tests only."""
+        out = torch.zeros(self._num_rows, dtype=torch.bool)
+        out[self.keys] = True
+        return out
 
-    @property
-    def num_hot(self) -> int:
-        return int(self.hot_mask.sum())
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        return {"num_rows": torch.tensor(self._num_rows), "keys": self.keys.clone(), "values": self.values.clone()}
+
+    def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
+        self.replace(state["keys"], state["values"])

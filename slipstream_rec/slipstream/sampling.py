@@ -155,7 +155,7 @@ class SkipDecider:
         t = self.current_threshold()
         self.last_threshold = t
         return skippable_by_threshold(
-            batch.sparse_features, self.index, self.row_state.change, t, self.alpha
+            batch.sparse_features, self.index, self.row_state, t, self.alpha
         )
 
     def __call__(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:

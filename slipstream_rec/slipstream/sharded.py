@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torchrec.distributed.embedding_types import KJTList
@@ -43,7 +43,10 @@ class ShardUnit:
     cols: int  # columns of this shard
     replicated: bool  # data_parallel: every rank holds all rows and counts only its own batch
     weights: torch.Tensor = field(repr=False, default=None)  # (rows, cols) view of the live weights
-    counts: Optional[torch.Tensor] = field(repr=False, default=None)  # (rows,) int64 lookups counted
+    # Lookups counted during the counting phase, sparse: the rows looked up (local, sorted) and
+    # how often (int64, exact at any count). O(distinct rows counted), not O(rows).
+    counted_rows: Optional[torch.Tensor] = field(repr=False, default=None)
+    counted: Optional[torch.Tensor] = field(repr=False, default=None)
     hot_rows: Optional[torch.Tensor] = field(repr=False, default=None)  # local row ids, sorted
     snapshot: Optional[torch.Tensor] = field(repr=False, default=None)  # (n_hot, cols) copy
 
@@ -51,15 +54,42 @@ class ShardUnit:
     def row_bytes(self) -> int:
         return self.cols * self.weights.element_size()
 
-    def ensure_counts(self) -> torch.Tensor:
-        """The lookup counts (int64: exact at any count), zero until something is counted."""
-        if self.counts is None:
-            self.counts = torch.zeros(self.rows, dtype=torch.int64, device=self.weights.device)
-        return self.counts
+    def add_counts(self, rows: torch.Tensor, counts: Optional[torch.Tensor] = None) -> None:
+        """Count lookups of local ``rows`` (each once, or ``counts`` times)."""
+        rows = rows.to(torch.int64).reshape(-1)  # stays on its device (no sync on CUDA)
+        if counts is None:
+            rows, counts = torch.unique(rows, return_counts=True)
+        counts = counts.to(torch.int64).reshape(-1)
+        if self.counted_rows is not None and self.counted_rows.numel():
+            rows = torch.cat([self.counted_rows, rows])
+            counts = torch.cat([self.counted, counts])
+        unique, inverse = torch.unique(rows, return_inverse=True)
+        self.counted_rows = unique
+        self.counted = torch.zeros(unique.numel(), dtype=torch.int64, device=unique.device).index_add_(
+            0, inverse, counts
+        )
+
+    def clear_counts(self) -> None:
+        self.counted_rows, self.counted = None, None
+
+    def sparse_counts(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(rows, counts): the counted local rows, ascending, and their int64 counts."""
+        if self.counted_rows is None:
+            return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+        return self.counted_rows, self.counted  # type: ignore[return-value]
 
     def count_table(self) -> torch.Tensor:
-        """Counts of every row of the shard as one int64 (rows,) tensor (tests and reports)."""
-        return self.ensure_counts().clone()
+        """Counts of every row of the shard as one int64 (rows,) tensor. O(rows): tests only."""
+        rows, counts = self.sparse_counts()
+        return torch.zeros(self.rows, dtype=torch.int64).index_put_((rows.cpu(),), counts.cpu())
+
+    def state_bytes(self) -> int:
+        """Bytes of this shard's Slipstream state (counts, hot rows, snapshot)."""
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.counted_rows, self.counted, self.hot_rows, self.snapshot)
+            if t is not None
+        )
 
 
 def _unwrap(lookup: Any) -> Any:
@@ -131,7 +161,8 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
 
     @torch.no_grad()
     def count_lookups(self, features: KJTList) -> None:
-        """Add this step's lookups to each local shard's counts (index_add_: cheap at any size)."""
+        """Add this step's lookups to each local shard's sparse counts (a sort of the step's ids:
+        the cost follows the lookups, the memory the distinct rows looked up)."""
         start = time.perf_counter()
         by_group: Dict[int, List[torch.Tensor]] = {}
         for unit in self.units:
@@ -139,6 +170,5 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
                 kjt = features[unit.group]
                 # split the group's values per feature once (feature-major layout)
                 by_group[unit.group] = list(torch.split(kjt.values(), kjt.length_per_key()))
-            ids = by_group[unit.group][unit.position]
-            unit.ensure_counts().index_add_(0, ids.long(), torch.ones_like(ids, dtype=torch.int64))
+            unit.add_counts(by_group[unit.group][unit.position])
         self.count_seconds += time.perf_counter() - start

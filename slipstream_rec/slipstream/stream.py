@@ -67,6 +67,11 @@ class SkippingStream:
         self._upcoming: Deque[Batch] = deque()  # raw, unclassified, in source order
         self._carry: List[Batch] = []  # classified, kept, weighted rows not yet emitted
         self._carry_rows = 0
+        self._ready: Deque[Batch] = deque()  # built by prepare(), not handed out yet
+        # Batches every rank has agreed to hand out before the next agreement (lockstep's
+        # counter, kept here so that a checkpoint resumes on the same agreement schedule).
+        self.agreed_ahead = 0
+        self.agreed_last = 0  # 1: no agreement follows the current one (a rank ran out)
         self._source_done = False
         self._finished = False
         self.samples_seen = 0  # rows pulled from the source and classified
@@ -137,6 +142,8 @@ class SkippingStream:
     def exhausted(self) -> bool:
         """True once no further batch can be emitted (the source is known to be done and what is
         left is less than a batch). ``samples_dropped_at_end`` is final only after StopIteration."""
+        if self._ready:
+            return False
         return self._finished or (
             self._source_done and not self._upcoming and self._carry_rows < self.batch_size
         )
@@ -177,16 +184,41 @@ class SkippingStream:
         self._carry.append(kept)
         self._carry_rows += n_keep
 
+    def prepare(self, n: int) -> int:
+        """Build up to ``n`` batches ahead (classifying what they need now); returns how many are
+        ready. Fewer than ``n`` only when the source is done: this stream then ends after them."""
+        while len(self._ready) < n:
+            batch = self._build()
+            if batch is None:
+                break
+            self._ready.append(batch)
+        return len(self._ready)
+
+    def drop_ready(self) -> int:
+        """Discard the batches built ahead (the run ends on another rank); returns their rows."""
+        rows = sum(b.batch_size for b in self._ready)
+        self.samples_dropped_at_end += rows
+        self._ready.clear()
+        return rows
+
     def __next__(self) -> Batch:
-        if self._finished:
+        if self._ready:
+            return self._ready.popleft()
+        batch = self._build()
+        if batch is None:
             raise StopIteration
+        return batch
+
+    def _build(self) -> Optional[Batch]:
+        if self._finished:
+            return None
         while self._carry_rows < self.batch_size:
             raw = self._next_raw()
             if raw is None:
                 self.samples_dropped_at_end += self._carry_rows
                 self._carry, self._carry_rows = [], 0
                 self._finished = True
-                raise StopIteration
+                return None
             self._classify(raw)
         merged = concat_batches(self._carry)
         out = slice_rows(merged, 0, self.batch_size)
@@ -200,7 +232,8 @@ class SkippingStream:
     # -- checkpointing ---------------------------------------------------------------------
     _COUNTERS = (
         "samples_seen", "samples_kept", "samples_skipped", "samples_dropped_at_end",
-        "source_batches_classified", "source_batches_pulled", "batches_emitted",
+        "source_batches_classified", "source_batches_pulled", "batches_emitted", "agreed_ahead",
+        "agreed_last",
     )  # fmt: skip
 
     def state_dict(self) -> Dict[str, Any]:
@@ -209,6 +242,7 @@ class SkippingStream:
         return {
             "upcoming": [batch_to_state(b) for b in self._upcoming],
             "carry": [batch_to_state(b) for b in self._carry],
+            "ready": [batch_to_state(b) for b in self._ready],
             "source_done": self._source_done,
             "finished": self._finished,
             **{k: getattr(self, k) for k in self._COUNTERS},
@@ -220,14 +254,16 @@ class SkippingStream:
         self._upcoming = deque(batch_from_state(b) for b in state["upcoming"])
         self._carry = [batch_from_state(b) for b in state["carry"]]
         self._carry_rows = sum(b.batch_size for b in self._carry)
+        self._ready = deque(batch_from_state(b) for b in state.get("ready", []))
         self._source_done = bool(state["source_done"])
         self._finished = bool(state["finished"])
         for k in self._COUNTERS:
-            setattr(self, k, int(state[k]))
+            setattr(self, k, int(state.get(k, 0)))
 
     def buffered_rows(self) -> int:
         """Rows pulled from the source but not yet emitted (look-ahead and carry)."""
-        return sum(b.batch_size for b in self._upcoming) + self._carry_rows
+        ready = sum(b.batch_size for b in self._ready)
+        return sum(b.batch_size for b in self._upcoming) + self._carry_rows + ready
 
     def counters(self) -> dict:
         """The counters as a dict (for logging)."""

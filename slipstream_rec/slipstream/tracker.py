@@ -64,7 +64,8 @@ class StalenessTracker:
         unknown = sorted({u.feature for u in self.units} - set(names))
         assert not unknown, f"sharded features {unknown} missing from the row index"
         self.snapshots_taken = 0
-        self.hot_keys = torch.zeros(0, dtype=torch.int64)  # global flat keys of the hot rows
+        self.hot_keys = torch.zeros(0, dtype=torch.int64)  # global flat keys of the hot rows, sorted
+        self.peak_bytes = 0  # largest state_bytes() seen, transient copies and gathers included
 
     # ---- counting -------------------------------------------------------------------------
     def set_counting(self, on: bool) -> None:
@@ -86,31 +87,39 @@ class StalenessTracker:
         """
         replicated = sorted((u for u in self.units if u.replicated), key=lambda u: (u.table, u.col_offset))
         if dist.is_initialized() and dist.get_world_size() > 1:
-            # All ranks: data-parallel tables are counted from local batches only. Every rank
-            # holds the same replicated units (possibly none), so the all-reduce lines up.
-            flat = (
-                torch.cat([u.ensure_counts() for u in replicated])
-                if replicated
-                else torch.zeros(0, dtype=torch.int64)
+            # All ranks: data-parallel tables are counted from local batches only; sum the sparse
+            # counts over ranks. Every rank holds the same replicated units (possibly none), and
+            # enters the two gathers (keys, counts) either way.
+            rows = [u.sparse_counts() for u in replicated]
+            empty = torch.zeros(0, dtype=torch.int64)
+            keys = gather_varlen(
+                torch.cat([self._global_keys(u, r) for u, (r, _) in zip(replicated, rows)]) if rows else empty
             )
-            all_reduce_(flat)
-            for unit, part in zip(replicated, torch.split(flat, [u.rows for u in replicated])):
-                unit.counts = part.clone()
+            counts = gather_varlen(torch.cat([c.cpu() for _, c in rows]) if rows else empty)
+            unique, inverse = torch.unique(keys, return_inverse=True)
+            summed = torch.zeros(unique.numel(), dtype=torch.int64).index_add_(0, inverse, counts)
+            for unit in replicated:
+                first = self._first_key(unit)
+                lo, hi = torch.searchsorted(unique, torch.tensor([first, first + unit.rows])).tolist()
+                unit.clear_counts()
+                if hi > lo:
+                    unit.add_counts(unique[lo:hi] - first, summed[lo:hi])
 
         # Each unit offers its rows with at least min_count lookups, in the global order, at most
         # floor(budget / row_bytes) + 1 of them: those alone exceed the budget, so a row a unit
         # does not offer comes after the cut and the decision over the offers is exact.
         keys, counts, sizes = [], [], []
         for unit in self.units:
-            c = unit.ensure_counts().cpu()
-            rows = torch.nonzero(c >= int(min_count)).flatten()  # ascending = key order
+            counted_rows, counted = (t.cpu() for t in unit.sparse_counts())
+            enough = counted >= int(min_count)
+            rows, c = counted_rows[enough], counted[enough]  # ascending rows = key order
             cap = budget_bytes // unit.row_bytes + 1
             if rows.numel() > cap:
                 # stable sort: equal counts keep ascending rows, i.e. ascending keys
-                order = torch.sort(c[rows], descending=True, stable=True).indices[:cap]
-                rows = rows[order]
+                order = torch.sort(c, descending=True, stable=True).indices[:cap]
+                rows, c = rows[order], c[order]
             keys.append(self._global_keys(unit, rows))
-            counts.append(c[rows])
+            counts.append(c)
             sizes.append(torch.full((rows.numel(),), unit.row_bytes, dtype=torch.int64))
         empty = torch.zeros(0, dtype=torch.int64)
         # All ranks: three gathers of the offers (keys, counts, bytes), the same lengths.
@@ -118,6 +127,7 @@ class StalenessTracker:
         all_counts = gather_varlen(torch.cat(counts) if counts else empty)
         all_bytes = gather_varlen(torch.cat(sizes) if sizes else empty)
 
+        self._note_peak(sum(t.numel() * t.element_size() for t in (all_keys, all_counts, all_bytes)))
         # From here on every rank computes the same thing from the same gathered offers.
         unique, inverse = torch.unique(all_keys, return_inverse=True)  # sorted keys
         row_bytes = torch.zeros(unique.numel(), dtype=torch.int64).index_add_(0, inverse, all_bytes)
@@ -132,7 +142,7 @@ class StalenessTracker:
         for unit in self.units:
             unit.hot_rows = self._local_rows(unit, self.hot_keys).to(unit.weights.device)
             unit.snapshot = None
-            unit.counts = None  # counting is over; free the memory
+            unit.clear_counts()  # counting is over; free the memory
         self.row_state.reset()
         return HotSelection(
             min_count_used=int(row_count[chosen[-1]]) if fits else int(min_count),
@@ -142,9 +152,13 @@ class StalenessTracker:
             candidates=int(unique.numel()),
         )
 
+    def _first_key(self, unit: ShardUnit) -> int:
+        """Flat key of the unit's first local row."""
+        return int(self.index.offsets[self._feature_idx[unit.feature]]) + unit.row_offset
+
     def _local_rows(self, unit: ShardUnit, sorted_keys: torch.Tensor) -> torch.Tensor:
         """The unit's local rows among ``sorted_keys`` (flat keys, ascending), ascending."""
-        first = int(self.index.offsets[self._feature_idx[unit.feature]]) + unit.row_offset
+        first = self._first_key(unit)
         lo, hi = torch.searchsorted(sorted_keys, torch.tensor([first, first + unit.rows])).tolist()
         return sorted_keys[lo:hi] - first
 
@@ -163,6 +177,8 @@ class StalenessTracker:
             if unit.hot_rows is None or unit.hot_rows.numel() == 0:
                 continue
             current = unit.weights.index_select(0, unit.hot_rows).float()
+            # Peak: the previous snapshot and the new copy are both held here.
+            self._note_peak(current.numel() * current.element_size())
             if unit.snapshot is not None:
                 diff = current - unit.snapshot
                 if self.change_metric == "linf":
@@ -185,6 +201,7 @@ class StalenessTracker:
         all_keys = gather_varlen(torch.cat(keys) if keys else torch.zeros(0, dtype=torch.int64))
         all_a = gather_varlen(torch.cat(part_a) if part_a else torch.zeros(0))
         all_b = gather_varlen(torch.cat(part_b) if part_b else torch.zeros(0))
+        self._note_peak(sum(t.numel() * t.element_size() for t in (all_keys, all_a, all_b)))
         unique, inverse = torch.unique(all_keys, return_inverse=True)
         if self.change_metric == "linf":
             # A row's change is its largest element change over all its column shards (replicas
@@ -194,8 +211,7 @@ class StalenessTracker:
             a = torch.zeros(unique.numel(), dtype=torch.float64).index_add_(0, inverse, all_a.double())
             b = torch.zeros(unique.numel(), dtype=torch.float64).index_add_(0, inverse, all_b.double())
             change = (a.sqrt() / b.sqrt().clamp_min(1e-12)).float()
-        self.row_state.reset()
-        self.row_state.set_changes(unique, change.clamp_min(0.0))
+        self.row_state.replace(unique, change.clamp_min(0.0))  # unique: sorted keys
         return True
 
     # ---- checkpointing (local, no collective) -------------------------------------------------
@@ -217,7 +233,12 @@ class StalenessTracker:
             "snapshots_taken": self.snapshots_taken,
             "hot_keys": self.hot_keys.clone(),
             "units": [
-                {"counts": cpu(u.counts), "hot_rows": cpu(u.hot_rows), "snapshot": cpu(u.snapshot)}
+                {
+                    "counted_rows": cpu(u.counted_rows),
+                    "counted": cpu(u.counted),
+                    "hot_rows": cpu(u.hot_rows),
+                    "snapshot": cpu(u.snapshot),
+                }
                 for u in self.units
             ],
         }
@@ -238,11 +259,19 @@ class StalenessTracker:
             dev = unit.weights.device
             if same:
                 saved = state["units"][i]
-                unit.counts = None if saved["counts"] is None else saved["counts"].to(dev)
+                unit.clear_counts()
+                if saved.get("counted_rows") is not None:
+                    unit.counted_rows = saved["counted_rows"].to(dev)
+                    unit.counted = saved["counted"].to(dev)
+                elif saved.get("counts") is not None:  # older checkpoints: dense float counts
+                    dense = saved["counts"]
+                    rows = torch.nonzero(dense).flatten()
+                    unit.add_counts(rows.to(dev), dense[rows].round().long().to(dev))
                 unit.hot_rows = None if saved["hot_rows"] is None else saved["hot_rows"].to(dev)
                 unit.snapshot = None if saved["snapshot"] is None else saved["snapshot"].to(dev)
                 continue
-            unit.counts, unit.snapshot = None, None
+            unit.clear_counts()
+            unit.snapshot = None
             if not hot.numel():
                 unit.hot_rows = None
                 continue
@@ -251,21 +280,24 @@ class StalenessTracker:
 
     def hot_rows_per_table(self) -> Dict[str, int]:
         """Distinct hot rows per table (same on every rank)."""
-        hot = torch.zeros(self.index.num_rows, dtype=torch.bool)
-        hot[self.hot_keys] = True
-        return self._per_feature_table(hot)
+        return self.rows_per_table(self.hot_keys)
 
-    def stale_rows_per_table(self, stale: torch.Tensor) -> Dict[str, int]:
-        return self._per_feature_table(stale)
+    def rows_per_table(self, keys: torch.Tensor) -> Dict[str, int]:
+        """How many of the flat ``keys`` (unique) fall in each feature's table; zeros left out."""
+        if not keys.numel():
+            return {}
+        feature, _ = self.index.from_flat(keys)
+        counts = torch.bincount(feature, minlength=self.index.num_features).tolist()
+        return {name: int(n) for name, n in zip(self.index.feature_names, counts) if n}
 
-    def _per_feature_table(self, mask: torch.Tensor) -> Dict[str, int]:
-        out: Dict[str, int] = {}
-        offsets = self.index.offsets.tolist() + [self.index.num_rows]
-        for i, name in enumerate(self.index.feature_names):
-            n = int(mask[offsets[i] : offsets[i + 1]].sum())
-            if n:
-                out[name] = n
-        return out
+    def _note_peak(self, transient: int = 0) -> None:
+        held = self.state_bytes() + self.row_state.nbytes() + int(transient)
+        self.peak_bytes = max(self.peak_bytes, held)
+
+    def state_bytes(self) -> int:
+        """Bytes of this rank's tracking state: the global hot keys and every local shard's counts,
+        hot rows and snapshot (the controller adds the published changes)."""
+        return int(self.hot_keys.numel() * 8 + sum(u.state_bytes() for u in self.units))
 
 
 def hot_budget_bytes(megabytes: float) -> int:

@@ -47,6 +47,11 @@ class TrainerConfig:
     tensorboard: bool = True
     # Show a tqdm progress bar (rank 0).
     progress_bar: bool = True
+    # Batches between two agreements of the ranks that each still has a batch (Slipstream skips
+    # different numbers of samples per rank, so they run out at different steps). 1: one small
+    # all-reduce every step; k > 1: one every k steps, each rank building its next k batches
+    # ahead (classified up to k steps earlier; up to k - 1 batches per rank dropped at the end).
+    lockstep_every_steps: int = 1
     # Seconds a collective may wait before the job fails instead of hanging (a dead or stuck
     # rank): the surviving ranks exit with an error naming this key, and torchrun restarts them.
     collective_timeout_s: float = 600.0
@@ -66,6 +71,7 @@ class TrainerConfig:
             ("eval_batch_size", self.eval_batch_size >= 0, "0 (= batch_size) or positive"),
             ("log_every_steps", self.log_every_steps > 0, "a positive step count"),
             ("collective_timeout_s", self.collective_timeout_s > 0, "positive seconds"),
+            ("lockstep_every_steps", self.lockstep_every_steps >= 1, "1 (every step) or more steps"),
             ("resume", bool(self.resume), "auto, never or a checkpoint path"),
         ]
         check_fields("trainer", self, checks)

@@ -219,10 +219,14 @@ class Trainer:
         if pos is not None and pos["epoch"] == epoch:
             replay = [batch_from_state(b) for b in pos["in_flight"]]
             start = pos["source_batches"]
-            stream = self.slipstream.wrap(self.train_loader.iter_from(start), pos["stream"])
+            stream = self.slipstream.wrap(
+                self.train_loader.iter_from(start), pos["stream"], self.cfg.lockstep_every_steps
+            )
             batches: Iterator[Any] = itertools.chain(replay, stream)
         else:
-            batches = self.slipstream.wrap(iter(self.train_loader))
+            batches = self.slipstream.wrap(
+                iter(self.train_loader), lockstep_every=self.cfg.lockstep_every_steps
+            )
         self._in_flight = InFlight(self._timed(itertools.islice(batches, budget)))
         return self._in_flight
 
@@ -437,6 +441,10 @@ class Trainer:
         overhead = all_reduce_(  # all ranks: the slowest rank's cost
             torch.tensor([self.slipstream.overhead_seconds()], dtype=torch.float64), dist.ReduceOp.MAX
         )
+        # all ranks: the largest Slipstream per-row state of any rank, snapshots included
+        state_bytes = all_reduce_(
+            torch.tensor([self.slipstream.peak_state_bytes()], dtype=torch.int64), dist.ReduceOp.MAX
+        )
         slip = self.slipstream.state_record(with_tables=True)
         return {
             "steps": st.step,
@@ -466,6 +474,7 @@ class Trainer:
             "threshold": slip["threshold"],
             "eval_logit_offset": self.slipstream.eval_logit_offset(),
             "slipstream_overhead_seconds": round(float(overhead.item()), 3),
+            "slipstream_state_bytes": int(state_bytes.item()),
             "time_breakdown_rank0": {k: round(v, 3) for k, v in self.time_breakdown().items()},
             "slipstream": {
                 "hot_selection": self.slipstream.hot_selection,

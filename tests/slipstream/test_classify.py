@@ -24,7 +24,7 @@ NUMS = [11, 3, 20, 1, 8]
 
 
 def _state(gen: torch.Generator, idx: RowIndex, hot_frac: float = 0.7) -> RowState:
-    st = RowState(idx.num_rows)
+    st = RowState(idx.num_rows, idx)
     hot = (torch.rand(idx.num_rows, generator=gen) < hot_frac).nonzero().view(-1)
     # Quantised changes so ties and exact-threshold hits happen.
     st.set_changes(hot, torch.randint(0, 10, (hot.numel(),), generator=gen).float() / 4)
@@ -57,14 +57,17 @@ def test_against_naive_loop(max_len: int, empty_every: int, alpha: float) -> Non
             kjt = make_kjt(KEYS, torch.stack([torch.randint(0, n, (37,), generator=gen) for n in NUMS], 1))
         thr = [0.0, 0.5, 1.25, 2.5, math.inf][trial % 5]
         stale = st.stale_mask(thr)
-        mx, frac, skip = _naive(kjt, idx, st.change, stale, alpha)
-        got_mx = per_sample_max_change(kjt, idx, st.change)
+        mx, frac, skip = _naive(kjt, idx, st.dense_change(), stale, alpha)
+        got_mx = per_sample_max_change(kjt, idx, st.dense_change())
         assert got_mx.tolist() == mx
         got_frac = stale_fraction_per_sample(kjt, idx, stale)
         assert got_frac.dtype == torch.float32
         assert torch.allclose(got_frac, torch.tensor(frac, dtype=torch.float32))
         assert skippable(kjt, idx, stale, alpha).tolist() == skip
-        assert skippable_by_threshold(kjt, idx, st.change, thr, alpha).tolist() == skip
+        assert skippable_by_threshold(kjt, idx, st.dense_change(), thr, alpha).tolist() == skip
+        # The RowState itself (sparse keys, per-table lookup view) decides the same.
+        assert per_sample_max_change(kjt, idx, st).tolist() == mx
+        assert skippable_by_threshold(kjt, idx, st, thr, alpha).tolist() == skip
         assert lookups_per_sample(kjt).tolist() == [sum(len(b) for b in s) for s in bags(kjt)]
 
 
@@ -83,7 +86,7 @@ def test_alpha_one_never_drops_a_sample_with_a_fresh_lookup() -> None:
             if any(not bool(stale[k]) for k in keys) or not keys:
                 assert not bool(sk[s])
         # all stale <=> max change < T
-        assert torch.equal(sk, per_sample_max_change(kjt, idx, st.change) < thr)
+        assert torch.equal(sk, per_sample_max_change(kjt, idx, st.dense_change()) < thr)
 
 
 def test_empty_samples_never_skippable_even_at_infinite_threshold() -> None:
@@ -99,11 +102,11 @@ def test_empty_samples_never_skippable_even_at_infinite_threshold() -> None:
         keys=["a", "b"], values=torch.tensor([0]), lengths=torch.tensor([1, 0, 0, 0], dtype=torch.int32), stride=2
     )
     for alpha in [1.0, 0.5]:
-        assert skippable_by_threshold(kjt, idx, st.change, math.inf, alpha).tolist() == [True, True]
-        assert skippable_by_threshold(kjt_empty, idx, st.change, math.inf, alpha).tolist() == [True, False]
+        assert skippable_by_threshold(kjt, idx, st.dense_change(), math.inf, alpha).tolist() == [True, True]
+        assert skippable_by_threshold(kjt_empty, idx, st.dense_change(), math.inf, alpha).tolist() == [True, False]
         assert skippable(kjt_empty, idx, st.stale_mask(math.inf), alpha).tolist() == [True, False]
-    assert per_sample_max_change(kjt_empty, idx, st.change).tolist() == [0.0, math.inf]
-    assert skippable_by_threshold(kjt, idx, st.change, None).tolist() == [False, False]
+    assert per_sample_max_change(kjt_empty, idx, st.dense_change()).tolist() == [0.0, math.inf]
+    assert skippable_by_threshold(kjt, idx, st.dense_change(), None).tolist() == [False, False]
 
 
 def test_alpha_validation() -> None:

@@ -69,7 +69,7 @@ def controller_worker(env, reactivate: bool, warmup_steps: int):
     # T: half of the sampled hot inputs; every sampled input touches f0 (change 0.5 + SGD), so
     # the quantile lies at or above f0's change and T is 0.5-ish, never reached by 0.001 rows.
     peek = ctl.stream.peek_upcoming(cfg.threshold_sample_size)
-    values = gather_varlen(per_sample_max_change(peek.sparse_features, ctl.index, ctl.row_state.change))
+    values = gather_varlen(per_sample_max_change(peek.sparse_features, ctl.index, ctl.row_state))
     expected_t, _ = threshold_for_target(values, cfg.target_skip_fraction, cfg.max_threshold)
     assert ctl.threshold == pytest.approx(expected_t)
     stale_rows_4 = record["stale_rows"]

@@ -134,9 +134,9 @@ def quality_worker(env, modes):
                 _, (_, logits, _, _) = dmp(batch)
             dmp.train()
             return logits
-        values = gather_varlen(per_sample_max_change(batch.sparse_features, ctl.index, ctl.row_state.change))
+        values = gather_varlen(per_sample_max_change(batch.sparse_features, ctl.index, ctl.row_state))
         t_max, _ = threshold_for_target(values, MAX_D, cfg.max_threshold)
-        cand = skippable_by_threshold(batch.sparse_features, ctl.index, ctl.row_state.change, t_max, 1.0)
+        cand = skippable_by_threshold(batch.sparse_features, ctl.index, ctl.row_state, t_max, 1.0)
         sign = batch.labels.view(-1) * 2 - 1
         if mode == "easy":
             return torch.where(cand, 6.0 * sign, torch.zeros_like(sign))

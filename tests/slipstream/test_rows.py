@@ -53,7 +53,7 @@ def test_flat_keys_rejects_unknown_key_and_bad_ids() -> None:
 
 def test_row_state() -> None:
     st = RowState(13)
-    assert st.change.dtype == torch.float32 and bool(torch.isinf(st.change).all())
+    assert st.dense_change().dtype == torch.float32 and bool(torch.isinf(st.dense_change()).all())
     assert not bool(st.hot_mask.any()) and not bool(st.stale_mask(1e30).any())
     st.set_changes(torch.tensor([1, 4, 12]), torch.tensor([0.5, 0.0, 2.0]))
     assert st.hot_mask.nonzero().view(-1).tolist() == [1, 4, 12]
@@ -84,3 +84,31 @@ def test_to_flat_rejects_rows_outside_the_table() -> None:
         idx.to_flat(1, torch.tensor([1]))
     with pytest.raises(ValueError):
         idx.to_flat(torch.tensor([0, 1]), torch.tensor([4, 1]))
+
+
+def test_row_state_is_sparse_and_lookups_match_the_dense_reference() -> None:
+    # One small table (dense view), one large with few hot rows (sorted keys, binary search).
+    RowState.DENSE_SMALL_BYTES, saved = 64, RowState.DENSE_SMALL_BYTES
+    try:
+        idx = RowIndex(["small", "large"], [10, 100_000])
+        st = RowState(idx.num_rows, idx)
+        gen = torch.Generator().manual_seed(0)
+        hot = torch.cat([torch.tensor([1, 3, 9]), 10 + torch.randperm(100_000, generator=gen)[:50]])
+        st.set_changes(hot, torch.rand(hot.numel(), generator=gen))
+        st.set_changes(torch.tensor([3]), torch.tensor([math.inf]))  # row 3 is no longer hot
+        assert st.num_hot == 52 and st.keys.tolist() == sorted(st.keys.tolist())
+        ids = torch.stack([torch.randint(0, 10, (200,), generator=gen), hot[3 + torch.arange(200) % 50] - 10])
+        ids[1, ::3] = torch.randint(0, 100_000, (67,), generator=gen)  # mostly not hot
+        kjt = make_kjt(["small", "large"], ids.t())
+        want = st.dense_change().index_select(0, idx.flat_keys(kjt))
+        assert torch.equal(st.lookup_changes(idx, kjt), want)
+        assert torch.equal(st.changes_of(idx.flat_keys(kjt)), want)
+        assert set(st._dense) == {0} and set(st._sparse) == {1}
+        # Memory follows the hot rows, not the 100k rows of the large table.
+        assert st.nbytes() <= 52 * 12 * 2 + 10 * 4
+        saved_state = st.state_dict()
+        other = RowState(idx.num_rows, idx)
+        other.load_state_dict(saved_state)
+        assert torch.equal(other.dense_change(), st.dense_change())
+    finally:
+        RowState.DENSE_SMALL_BYTES = saved

@@ -27,7 +27,8 @@ def _unit(feature: str, rows: int, counts: List[int], row_offset: int = 0) -> Sh
         row_offset=row_offset, col_offset=0, rows=rows, cols=COLS, replicated=False,
         weights=torch.zeros(rows, COLS),
     )  # fmt: skip
-    unit.counts = torch.tensor(counts, dtype=torch.int64)
+    unit.add_counts(torch.repeat_interleave(torch.arange(rows), torch.tensor(counts)))
+    assert unit.count_table().tolist() == counts
     return unit
 
 
@@ -127,3 +128,35 @@ def test_a_resumed_rank_keeps_its_own_random_stream():
     twin = SkipDecider(index, state, seed=1001, **kw)
     twin.load_state_dict(saved)
     assert torch.equal(torch.rand(64, generator=twin._gen), b)
+
+
+def _state_bytes_after_two_snapshots(rows: int) -> tuple:
+    from slipstream_rec.slipstream.controller import SlipstreamController  # noqa: F401 (import check)
+
+    gen = torch.Generator().manual_seed(3)
+    units = []
+    for f in "ab":
+        unit = ShardUnit(
+            table=f"t_{f}", feature=f, sharding_type="table_wise", group=0, position=0,
+            row_offset=0, col_offset=0, rows=rows, cols=COLS, replicated=False,
+            weights=torch.zeros(1, COLS).expand(rows, COLS),  # no memory for the rows themselves
+        )  # fmt: skip
+        unit.add_counts(torch.randint(0, 2000, (20_000,), generator=gen))
+        units.append(unit)
+    tracker = _tracker(units, ["a", "b"], [rows, rows])
+    sel = tracker.select_hot(budget_bytes=1500 * 4 * COLS, min_count=1)
+    tracker.snapshot()
+    tracker.snapshot()
+    kjt = make_kjt(["a", "b"], torch.randint(0, 3000, (64, 2), generator=gen))
+    tracker.row_state.lookup_changes(tracker.index, kjt)  # builds the lookup view
+    held = tracker.state_bytes() + tracker.row_state.nbytes()
+    return sel.hot_bytes, held, tracker.peak_bytes
+
+
+def test_tracking_state_grows_with_the_hot_rows_not_the_tables():
+    hot_small, held_small, peak_small = _state_bytes_after_two_snapshots(5_000_000)
+    hot_big, held_big, peak_big = _state_bytes_after_two_snapshots(50_000_000)
+    assert hot_small == hot_big == 1500 * 4 * COLS
+    # 50M-row tables: a dense float32 change vector alone would be 400 MB.
+    assert held_big == held_small and peak_big == peak_small
+    assert peak_big <= 3 * hot_big + (1 << 20)

@@ -64,7 +64,7 @@ def counts_worker(env, kind: str):
     for unit in units:
         hist = local_hist if unit.replicated else global_hist
         expected = hist[unit.feature][unit.row_offset : unit.row_offset + unit.rows]
-        assert unit.counts is not None, unit
+        assert unit.counted_rows is not None, unit
         assert torch.equal(unit.count_table(), expected), f"{kind} {unit}"
 
     # Hot set with an ample budget and min count 1 = every row looked up in the global batch.
@@ -132,7 +132,7 @@ def staleness_worker(env, kind: str):
                 unit.weights[unit.hot_rows, 0] += delta_of_key(keys)
 
     def published():
-        return state.change.clone()
+        return state.dense_change()
 
     move(lambda k: 0.001 * (k % 7).float())
     assert tracker.snapshot() is True
@@ -190,3 +190,52 @@ def test_ranks_with_different_skip_rates_end_on_the_same_step_with_full_batches(
     assert len(sizes0) == len(sizes1) > 0
     assert set(sizes0) == set(sizes1) == {16}
     assert skipped1 == 0 and skipped0 > 0.4 * seen0
+
+
+def lockstep_every_worker(env, every: int):
+    import slipstream_rec.slipstream.controller as controller
+    from slipstream_rec.data.types import Batch, make_kjt
+    from slipstream_rec.slipstream.stream import SkippingStream
+
+    calls = []
+    real = controller.all_reduce_
+
+    def counting(t, op=None):
+        calls.append(len(sizes))  # the step at which an agreement ran
+        return real(t, op)
+
+    controller.all_reduce_ = counting
+
+    def source():
+        for i in range(20):
+            ids = torch.arange(64).view(32, 2) % 5
+            yield Batch(dense_features=torch.full((32, 13), float(i)), sparse_features=make_kjt(["a", "b"], ids), labels=torch.zeros(32))
+
+    skip = 0.6 if env.rank == 0 else 0.0  # rank 0 runs dry first, rank 1 holds more
+    gen = torch.Generator().manual_seed(env.rank)
+
+    def decide(batch):
+        return torch.rand(batch.batch_size, generator=gen) >= skip, torch.ones(batch.batch_size)
+
+    stream = SkippingStream(source(), 16, decide)
+    sizes, firsts = [], []
+    for b in controller.lockstep(stream, every=every):
+        sizes.append(b.batch_size)
+        firsts.append(float(b.dense_features[0, 0]))
+    return sizes, firsts, calls, stream.samples_dropped_at_end
+
+
+def test_lockstep_every_k_steps_agrees_k_steps_ahead_and_ends_on_the_same_step():
+    per_step = run_workers(lockstep_every_worker, WORLD, every=1)
+    every4 = run_workers(lockstep_every_worker, WORLD, every=4)
+    steps = len(per_step[0][0])
+    for rank in range(WORLD):
+        sizes, firsts, calls, dropped = every4[rank]
+        # The same batches, the same number of steps as agreeing every step.
+        assert sizes == per_step[rank][0] and firsts == per_step[rank][1]
+        # One agreement every 4 steps: at steps 0, 4, 8, ... and none in between.
+        assert calls == list(range(0, steps, 4)), calls
+        assert len(per_step[rank][2]) == steps + 1  # the per-step path: one every step
+    assert len(every4[0][0]) == len(every4[1][0]) == steps > 4
+    assert steps % 4 != 0, "rank 0 runs out inside a window of 4: the case under test"
+    assert every4[1][3] > 0  # rank 1 built batches ahead that nobody trains: dropped
