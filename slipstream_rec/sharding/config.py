@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Dict
+from typing import Dict, Optional
 
 
 class ShardingKind(Enum):
@@ -16,6 +16,18 @@ class ShardingKind(Enum):
     column_wise = "column_wise"  # each table's columns split into shards placed on ranks
     table_row_wise = "table_row_wise"  # row-wise within a node (== row_wise on one node)
     data_parallel = "data_parallel"  # every table replicated; gradients all-reduced
+
+
+class ComputeKernel(Enum):
+    """Where a table's rows live and how they are looked up (TorchRec's compute kernels)."""
+
+    auto = "auto"  # the planner's choice: fused where the tables fit in GPU memory, else caching
+    fused = "fused"  # FBGEMM TBE with the optimizer in backward, rows in GPU (or CPU) memory
+    # Rows in host memory (UVM), a GPU cache of cache_load_factor of them in front (CUDA only):
+    # the hot rows in GPU memory, the cold rows in host memory.
+    fused_uvm_caching = "fused_uvm_caching"
+    fused_uvm = "fused_uvm"  # rows in host memory (UVM), no cache (CUDA only)
+    dense = "dense"  # plain nn.EmbeddingBag weights (data_parallel only)
 
 
 @dataclass
@@ -33,3 +45,20 @@ class ShardingConfig:
     column_shard_dim: int = 0
     # Fraction of each device's memory the planner keeps free for activations and buffers.
     storage_reservation: float = 0.15
+    # Compute kernel of every sharded table: auto (the planner picks by memory: fused where the
+    # tables fit in GPU memory, fused_uvm_caching where they do not), fused, fused_uvm_caching,
+    # fused_uvm (the last two on CUDA only). data_parallel tables always use dense.
+    compute_kernel: ComputeKernel = ComputeKernel.auto
+    # fused_uvm_caching: fraction of each table's rows held in the GPU cache (TorchRec's default
+    # is 0.2). Also what the planner assumes when it weighs the caching kernel under auto.
+    cache_load_factor: float = 0.2
+    # A summary.json of an earlier Slipstream run of the same tables: size each table's GPU
+    # cache from the hot rows Slipstream's counting measured there (slipstream.hot_rows_per_table),
+    # times cache_hot_margin, instead of cache_load_factor (which stays the floor). null: off.
+    cache_from_summary: Optional[str] = None
+    # Cache rows per hot row measured, when sizing the cache from a summary (headroom for the
+    # rows that become hot later and for the cache's set associativity).
+    cache_hot_margin: float = 1.5
+    # Planner's GPU memory per device in GiB (0: TorchRec's default for the device type). Lower
+    # it to plan a GPU with less room, e.g. to force the caching kernel in a check.
+    hbm_cap_gb: float = 0.0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
@@ -15,25 +17,75 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.distributed.planner.types import ParameterConstraints, TopologyFactory
 from torchrec.distributed.planner.types import TrainerConfig as PlannerTrainerConfig
 from torchrec.distributed.planner.types import KernelConfig
-from torchrec.distributed.types import ModuleSharder, ShardingPlan
+from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
+from slipstream_rec.sharding.config import ComputeKernel, ShardingConfig, ShardingKind
 from slipstream_rec.sharding.sharder import SlipstreamEmbeddingBagCollectionSharder
 
 logger = logging.getLogger(__name__)
 
 
-def _kernels(kind: ShardingKind) -> List[str]:
-    # Data-parallel tables are plain nn.EmbeddingBag weights updated by the dense optimizer path;
-    # every other type uses FBGEMM's fused TBE with the optimizer applied in backward.
+# What auto allows on CUDA: TorchRec's planner weighs these by memory and cost. Key-value and
+# virtual-table kernels are left out: their weights are not tensors Slipstream can snapshot.
+_AUTO_CUDA_KERNELS = [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.FUSED_UVM_CACHING.value]
+_CUDA_ONLY = (ComputeKernel.fused_uvm_caching, ComputeKernel.fused_uvm)
+
+
+def _kernels(kind: ShardingKind, cfg: ShardingConfig, device_type: str) -> Optional[List[str]]:
+    """Compute kernels allowed for a table of sharding ``kind``; None: the planner's defaults."""
+    # Data-parallel tables are plain nn.EmbeddingBag weights updated by the dense optimizer path.
     if kind is ShardingKind.data_parallel:
         return [EmbeddingComputeKernel.DENSE.value]
-    return [EmbeddingComputeKernel.FUSED.value]
+    kernel = cfg.compute_kernel
+    if kernel is ComputeKernel.dense:
+        raise ValueError(
+            "sharding.compute_kernel=dense is only for data_parallel tables; use fused (or auto)"
+        )
+    if kernel in _CUDA_ONLY and device_type != "cuda":
+        raise ValueError(
+            f"sharding.compute_kernel={kernel.value} keeps rows in host memory behind a GPU: CUDA "
+            f"only, and this run is on {device_type}. Use sharding.compute_kernel=fused (or auto)"
+        )
+    if kernel is ComputeKernel.auto:
+        return list(_AUTO_CUDA_KERNELS) if device_type == "cuda" else [EmbeddingComputeKernel.FUSED.value]
+    return [kernel.value]
+
+
+def hot_rows_from_summary(path: str) -> Dict[str, int]:
+    """Hot rows per table measured by an earlier run (its summary.json), keyed by table name."""
+    try:
+        summary = json.loads(Path(path).read_text())
+        per_feature = summary["slipstream"]["hot_rows_per_table"] or {}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"sharding.cache_from_summary={path!r}: not a readable summary.json with "
+            f"slipstream.hot_rows_per_table ({e}); give the summary of a run with a tracking "
+            "policy (track_only, paper, paper_plus), or null"
+        ) from None
+    # hot_rows_per_table is keyed by feature; one table t_<feature> per feature.
+    return {f"t_{feature}": int(n) for feature, n in per_feature.items()}
+
+
+def cache_load_factors(cfg: ShardingConfig, tables: List[EmbeddingBagConfig]) -> Dict[str, float]:
+    """The GPU cache size of each table, as a fraction of its rows (fused_uvm_caching)."""
+    if not 0.0 < cfg.cache_load_factor <= 1.0:
+        raise ValueError(f"sharding.cache_load_factor={cfg.cache_load_factor} must be in (0, 1]")
+    factors = {t.name: float(cfg.cache_load_factor) for t in tables}
+    if cfg.cache_from_summary:
+        if not cfg.cache_hot_margin >= 1.0:
+            raise ValueError(f"sharding.cache_hot_margin={cfg.cache_hot_margin} must be >= 1")
+        hot = hot_rows_from_summary(cfg.cache_from_summary)
+        for t in tables:
+            if t.name in hot:
+                rows = hot[t.name] * cfg.cache_hot_margin
+                # at least one cache set's worth of rows (FBGEMM's LRU/LFU caches are 32-way)
+                factors[t.name] = min(1.0, max(rows, 32.0) / t.num_embeddings)
+    return factors
 
 
 def parameter_constraints(
-    cfg: ShardingConfig, tables: List[EmbeddingBagConfig]
+    cfg: ShardingConfig, tables: List[EmbeddingBagConfig], device_type: str = "cpu"
 ) -> Dict[str, ParameterConstraints]:
     """Per-table planner constraints that realise ``cfg``; empty for a pure ``auto`` plan."""
     names = {t.name for t in tables}
@@ -43,11 +95,13 @@ def parameter_constraints(
             f"sharding.table_overrides names unknown tables {unknown}; tables are "
             f"{sorted(names)[:6]}{' ...' if len(names) > 6 else ''}"
         )
+    caching = device_type == "cuda" and cfg.compute_kernel in (ComputeKernel.auto, ComputeKernel.fused_uvm_caching)
+    factors = cache_load_factors(cfg, tables)
     constraints: Dict[str, ParameterConstraints] = {}
     for table in tables:
         kind = cfg.table_overrides.get(table.name, cfg.type)
-        if kind is ShardingKind.auto:
-            continue
+        if kind is ShardingKind.auto and cfg.compute_kernel is ComputeKernel.auto and device_type != "cuda":
+            continue  # the planner is free (on CPU its only kernels are fused and dense)
         min_partition: Optional[int] = None
         if kind is ShardingKind.column_wise and cfg.column_shard_dim:
             if table.embedding_dim % cfg.column_shard_dim:
@@ -56,10 +110,19 @@ def parameter_constraints(
                     f"embedding dim {table.embedding_dim} of {table.name}; pick a divisor"
                 )
             min_partition = cfg.column_shard_dim
+        if kind is ShardingKind.auto:
+            # any type; the kernel as configured (a data-parallel choice keeps its dense kernel)
+            types = None
+            kernels = _kernels(kind, cfg, device_type)
+            kernels = kernels + [EmbeddingComputeKernel.DENSE.value] if kernels else kernels
+        else:
+            types = [kind.value]
+            kernels = _kernels(kind, cfg, device_type)
         constraints[table.name] = ParameterConstraints(
-            sharding_types=[kind.value],
-            compute_kernels=_kernels(kind),
+            sharding_types=types,
+            compute_kernels=kernels,
             min_partition=min_partition,
+            cache_params=CacheParams(load_factor=factors[table.name]) if caching else None,
         )
     return constraints
 
@@ -80,20 +143,36 @@ def build_plan(
         raise ValueError(
             f"sharding.storage_reservation={cfg.storage_reservation} must be in [0, 1)"
         )
+    planner = make_planner(cfg, tables, world_size, local_world_size, device.type, batch_size)
+    return planner.collective_plan(model, sharders, pg)
+
+
+def make_planner(
+    cfg: ShardingConfig,
+    tables: List[EmbeddingBagConfig],
+    world_size: int,
+    local_world_size: int,
+    device_type: str,
+    batch_size: int,
+) -> EmbeddingShardingPlanner:
+    """TorchRec's planner for ``cfg`` on a topology of ``device_type`` (no device needed: a CUDA
+    topology plans on a CPU-only machine too)."""
+    if cfg.hbm_cap_gb < 0:
+        raise ValueError(f"sharding.hbm_cap_gb={cfg.hbm_cap_gb} must be >= 0 (0: the default)")
+    hbm = int(cfg.hbm_cap_gb * 1024**3) if cfg.hbm_cap_gb else None
     topology = TopologyFactory.create_topology(
         trainer_config=PlannerTrainerConfig(
-            world_size=world_size, local_world_size=local_world_size
+            world_size=world_size, local_world_size=local_world_size, hbm_cap_bytes=hbm
         ),
-        kernel_config=KernelConfig(compute_device=device.type),
+        kernel_config=KernelConfig(compute_device=device_type),
     )
-    planner = EmbeddingShardingPlanner(
+    return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
         storage_reservation=FixedPercentageStorageReservation(cfg.storage_reservation),
-        constraints=parameter_constraints(cfg, tables),
+        constraints=parameter_constraints(cfg, tables, device_type),
         debug=False,
     )
-    return planner.collective_plan(model, sharders, pg)
 
 
 def make_sharders() -> List[ModuleSharder[nn.Module]]:

@@ -247,3 +247,25 @@ def test_time_trigger_saves_on_the_same_step_on_every_rank(tmp_path, data_root):
     assert {"rank0.pt", "rank1.pt", ".metadata"} <= set(manifest["files"]) and manifest["world_size"] == 2
     summary = _summary(run_dir)
     assert summary["checkpoints_saved_this_attempt"] == 4 and summary["checkpoint_seconds"] > 0
+
+
+@pytest.mark.slow
+def test_lockstep_every_k_steps_resumes_bit_identical_from_inside_a_window(tmp_path, data_root):
+    """trainer.lockstep_every_steps=3 with checkpoints every 8 steps: the kill and the resume fall
+    inside an agreement window, so the batches built ahead and the agreement counters must come
+    back from the checkpoint for the run to end as the uninterrupted one."""
+    common = [*SLIPSTREAM, f"data.root={data_root}", "trainer.lockstep_every_steps=3"]
+    ref_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    _torchrun([*common, f"trainer.run_dir={ref_dir}"])
+    fault = {"SLIPSTREAM_FAULT_STEP": "21", "SLIPSTREAM_FAULT_RANK": "0"}
+    _torchrun(
+        [*common, f"trainer.run_dir={run_dir}"],
+        env=fault,
+        launcher=[str(BIN / "torchrun"), "--standalone", "--max-restarts", "1", "--nproc_per_node", "2"],
+    )
+    ref, got = _summary(ref_dir), _summary(run_dir)
+    assert got["resumed_from"]["step"] == 16
+    assert got["resumed_from"]["data_position_exact"] and got["resumed_from"]["slipstream_tracking_exact"]
+    assert ref["samples_skipped"] > 0
+    assert {k: got[k] for k in COUNTERS} == {k: ref[k] for k in COUNTERS}
+    _assert_same_state(_final_state(ref_dir, tmp_path), _final_state(run_dir, tmp_path))

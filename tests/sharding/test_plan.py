@@ -52,3 +52,62 @@ def test_column_shard_dim_must_divide_the_embedding_dim():
         parameter_constraints(cfg, TABLES)
     ok = parameter_constraints(ShardingConfig(type=ShardingKind.column_wise, column_shard_dim=8), TABLES)
     assert all(v.min_partition == 8 for v in ok.values())
+
+
+# ---- compute kernels and the GPU cache, planned for a CUDA topology on this CPU-only machine ----
+BIG = [1000, 50_000_000, 2_000_000]  # rows of f0, f1, f2: f1 (3.2 GB at dim 16) > the 1 GiB HBM
+
+
+def _cuda_plan(cfg: ShardingConfig, rows=BIG):
+    import torch
+    from slipstream_rec.model.config import ModelConfig
+    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
+    from slipstream_rec.optim import EmbeddingOptimConfig, fuse_embedding_optimizer
+    from slipstream_rec.sharding.plan import make_planner, make_sharders
+
+    feats = [f"f{i}" for i in range(len(rows))]
+    model_cfg = ModelConfig(embedding_dim=16)
+    model = build_model(model_cfg, 13, feats, rows, torch.device("meta"))
+    fuse_embedding_optimizer(model, EmbeddingOptimConfig())
+    tables = embedding_bag_configs(model_cfg, feats, rows)
+    plan = make_planner(cfg, tables, 2, 2, "cuda", 2048).plan(model, make_sharders())
+    return {t: ps for module_plan in plan.plan.values() for t, ps in module_plan.items()}
+
+
+def test_tables_larger_than_the_gpu_get_the_caching_kernel_with_the_configured_cache():
+    from slipstream_rec.sharding.config import ComputeKernel
+
+    plan = _cuda_plan(ShardingConfig(hbm_cap_gb=1.0, cache_load_factor=0.1))
+    assert plan["t_f1"].compute_kernel == "fused_uvm_caching"
+    assert plan["t_f1"].cache_params.load_factor == 0.1
+    assert plan["t_f0"].compute_kernel == plan["t_f2"].compute_kernel == "fused"
+    # With room for every table, auto keeps them all in GPU memory.
+    roomy = _cuda_plan(ShardingConfig(hbm_cap_gb=64.0))
+    assert {ps.compute_kernel for ps in roomy.values()} == {"fused"}
+    # Forced: every table behind a cache, even the ones that fit.
+    forced = _cuda_plan(ShardingConfig(type=ShardingKind.row_wise, compute_kernel=ComputeKernel.fused_uvm_caching, cache_load_factor=0.05))
+    assert {(ps.compute_kernel, ps.cache_params.load_factor) for ps in forced.values()} == {("fused_uvm_caching", 0.05)}
+
+
+def test_cache_sized_from_the_hot_rows_an_earlier_run_measured(tmp_path):
+    import json
+
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"slipstream": {"hot_rows_per_table": {"f1": 200_000, "f2": 10}}}))
+    cfg = ShardingConfig(hbm_cap_gb=1.0, cache_from_summary=str(summary), cache_hot_margin=1.5)
+    plan = _cuda_plan(cfg)
+    assert plan["t_f1"].compute_kernel == "fused_uvm_caching"
+    assert plan["t_f1"].cache_params.load_factor == pytest.approx(300_000 / 50_000_000)
+    with pytest.raises(ValueError, match="sharding.cache_from_summary"):
+        parameter_constraints(ShardingConfig(cache_from_summary=str(tmp_path / "none.json")), TABLES, "cuda")
+
+
+def test_host_memory_kernels_are_cuda_only_and_dense_is_data_parallel_only():
+    from slipstream_rec.sharding.config import ComputeKernel
+
+    with pytest.raises(ValueError, match="sharding.compute_kernel=fused_uvm_caching"):
+        parameter_constraints(ShardingConfig(compute_kernel=ComputeKernel.fused_uvm_caching), TABLES, "cpu")
+    with pytest.raises(ValueError, match="sharding.compute_kernel=dense"):
+        parameter_constraints(ShardingConfig(type=ShardingKind.row_wise, compute_kernel=ComputeKernel.dense), TABLES)
+    with pytest.raises(ValueError, match="sharding.cache_load_factor"):
+        parameter_constraints(ShardingConfig(cache_load_factor=0.0), TABLES, "cuda")
