@@ -62,3 +62,6 @@ class ShardingConfig:
     # Planner's GPU memory per device in GiB (0: TorchRec's default for the device type). Lower
     # it to plan a GPU with less room, e.g. to force the caching kernel in a check.
     hbm_cap_gb: float = 0.0
+    # CUDA: have FBGEMM gather its GPU-cache statistics (fused_uvm_caching tables), reported in
+    # summary.json as embedding_cache (hit rate, host-to-device bytes). Costs a little per step.
+    cache_stats: bool = False

@@ -175,9 +175,15 @@ def make_planner(
     )
 
 
-def make_sharders() -> List[ModuleSharder[nn.Module]]:
+def make_sharders(
+    cfg: Optional[ShardingConfig] = None, device_type: str = "cpu"
+) -> List[ModuleSharder[nn.Module]]:
     """The one sharder list given to both the planner and DMP (they must agree)."""
-    return [SlipstreamEmbeddingBagCollectionSharder()]
+    fused_params = None
+    if cfg is not None and cfg.cache_stats and device_type == "cuda":
+        # FBGEMM's TBE then counts its GPU cache's lookups and misses (get_uvm_cache_stats).
+        fused_params = {"gather_uvm_cache_stats": True}
+    return [SlipstreamEmbeddingBagCollectionSharder(fused_params=fused_params)]
 
 
 def shard_model(
@@ -193,7 +199,7 @@ def shard_model(
     assert pg is not None, "init the default process group before sharding"
     world_size = dist.get_world_size(pg)
     local_world_size = int(__import__("os").environ.get("LOCAL_WORLD_SIZE", world_size))
-    sharders = make_sharders()
+    sharders = make_sharders(cfg, device.type)
     plan = build_plan(
         model, cfg, tables, sharders, world_size, local_world_size, device, batch_size, pg
     )

@@ -43,6 +43,10 @@ class ShardUnit:
     cols: int  # columns of this shard
     replicated: bool  # data_parallel: every rank holds all rows and counts only its own batch
     weights: torch.Tensor = field(repr=False, default=None)  # (rows, cols) view of the live weights
+    # The FBGEMM TBE holding the weights (None: plain weights). Under fused_uvm_caching the
+    # weights view is the host (UVM) copy and the newest values of cached rows sit in the GPU
+    # cache until the TBE is flushed: the tracker flushes before every snapshot.
+    kernel: Any = field(repr=False, default=None)
     # Lookups counted during the counting phase, sparse: the rows looked up (local, sorted) and
     # how often (int64, exact at any count). O(distinct rows counted), not O(rows).
     counted_rows: Optional[torch.Tensor] = field(repr=False, default=None)
@@ -97,6 +101,58 @@ def _unwrap(lookup: Any) -> Any:
     return getattr(lookup, "module", lookup)
 
 
+def _tbe(module: Any) -> Any:
+    """The FBGEMM TBE behind a TorchRec embedding kernel module (the module itself if none)."""
+    return getattr(module, "emb_module", module)
+
+
+def has_cache(kernel: Any) -> bool:
+    """Whether a TBE keeps rows in a GPU cache in front of host memory (fused_uvm_caching)."""
+    cache = getattr(_tbe(kernel), "lxu_cache_weights", None)
+    return cache is not None and cache.numel() > 0
+
+
+def flush_caches(units: List[ShardUnit]) -> int:
+    """Write every cached row back to the weights the units read (each TBE once); returns how
+    many TBEs had a cache. Local, no collective."""
+    seen, flushed = set(), 0
+    for unit in units:
+        kernel = unit.kernel
+        if kernel is None or id(kernel) in seen:
+            continue
+        seen.add(id(kernel))
+        if has_cache(kernel):
+            _tbe(kernel).flush()
+            flushed += 1
+    return flushed
+
+
+# fbgemm's UVM cache statistics (SplitTableBatchedEmbeddingBagsCodegen.get_uvm_cache_stats order)
+_CACHE_STATS = ("calls", "requested_indices", "unique_indices", "unique_misses", "conflict_unique_misses", "conflict_misses")
+
+
+def cache_stats(units: List[ShardUnit]) -> Optional[Dict[str, float]]:
+    """This rank's GPU-cache statistics summed over its caching TBEs, where fbgemm gathers them
+    (TBEs built with gather_uvm_cache_stats, see sharding.cache_stats); None when none does.
+    ``h2d_bytes``: rows fetched from host memory into the cache (unique misses x row bytes)."""
+    totals = {k: 0.0 for k in _CACHE_STATS}
+    totals["h2d_bytes"] = 0.0
+    seen, found = set(), False
+    for unit in units:
+        tbe = _tbe(unit.kernel) if unit.kernel is not None else None
+        if tbe is None or id(tbe) in seen or not has_cache(tbe) or not getattr(tbe, "gather_uvm_cache_stats", False):
+            continue
+        seen.add(id(tbe))
+        found = True
+        values = tbe.get_uvm_cache_stats().detach().cpu().tolist()
+        for k, v in zip(_CACHE_STATS, values):
+            totals[k] += float(v)
+        totals["h2d_bytes"] += float(values[3]) * unit.row_bytes
+    if not found:
+        return None
+    return totals
+
+
 def discover_units(ebc: ShardedEmbeddingBagCollection) -> List[ShardUnit]:
     """The local shards of ``ebc``, each tied to its KJT position and its weight view."""
     units: List[ShardUnit] = []
@@ -106,6 +162,16 @@ def discover_units(ebc: ShardedEmbeddingBagCollection) -> List[ShardUnit]:
         position = 0
         for config, module in zip(lookup.grouped_configs, lookup._emb_modules):
             weights = module.split_embedding_weights()
+            # Key-value (SSD) and virtual-table kernels return a tuple (weights, ids, ...) of
+            # objects that are not weight tensors: nothing a snapshot can index.
+            if isinstance(weights, tuple) or not all(torch.is_tensor(w) for w in weights):
+                kernel = getattr(config, "compute_kernel", None)
+                raise ValueError(
+                    f"slipstream: tables {[t.name for t in config.embedding_tables]} use the "
+                    f"{getattr(kernel, 'value', kernel)} compute kernel, whose weights are not "
+                    "tensors (key-value / SSD kernels): Slipstream cannot snapshot them. Set "
+                    "sharding.compute_kernel=fused or fused_uvm_caching, or slipstream=off"
+                )
             assert len(weights) == len(config.embedding_tables), "one weight view per table"
             for table, weight in zip(config.embedding_tables, weights):
                 offsets = (
@@ -125,6 +191,7 @@ def discover_units(ebc: ShardedEmbeddingBagCollection) -> List[ShardUnit]:
                             cols=int(table.local_cols),
                             replicated=sharding_type == ShardingType.DATA_PARALLEL.value,
                             weights=weight,
+                            kernel=module,
                         )
                     )
                     position += 1

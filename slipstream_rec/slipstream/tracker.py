@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from slipstream_rec.slipstream.rows import RowIndex, RowState
-from slipstream_rec.slipstream.sharded import ShardUnit, SlipstreamShardedEBC
+from slipstream_rec.slipstream.sharded import ShardUnit, SlipstreamShardedEBC, flush_caches
 from slipstream_rec.distributed import all_reduce_, gather_varlen
 
 logger = logging.getLogger(__name__)
@@ -173,6 +173,8 @@ class StalenessTracker:
         """
         keys, part_a, part_b = [], [], []
         measured = False
+        # fused_uvm_caching: the weights views are the host copy; write the GPU cache back first.
+        flush_caches(self.units)
         for unit in self.units:
             if unit.hot_rows is None or unit.hot_rows.numel() == 0:
                 continue

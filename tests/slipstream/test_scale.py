@@ -160,3 +160,47 @@ def test_tracking_state_grows_with_the_hot_rows_not_the_tables():
     # 50M-row tables: a dense float32 change vector alone would be 400 MB.
     assert held_big == held_small and peak_big == peak_small
     assert peak_big <= 3 * hot_big + (1 << 20)
+
+
+class _CachingTBE:
+    """Stands in for a fused_uvm_caching TBE: the newest values of the rows sit in a cache until
+    flush() writes them back to the host copy the weights view shows."""
+
+    def __init__(self, weights: torch.Tensor) -> None:
+        self.host = weights
+        self.cache = weights.clone()  # what training updates
+        self.lxu_cache_weights = torch.ones(1)
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.host.copy_(self.cache)
+        self.flushes += 1
+
+
+def test_snapshots_flush_the_gpu_cache_first():
+    unit = _unit("a", 6, [5, 5, 5, 1, 1, 1])
+    tbe = _CachingTBE(unit.weights)
+    unit.kernel = SimpleNamespace(emb_module=tbe)  # as TorchRec's kernel module wraps the TBE
+    tracker = _tracker([unit], ["a"], [6])
+    tracker.select_hot(budget_bytes=1 << 20, min_count=2)
+    tracker.snapshot()
+    tbe.cache[0] += 0.5  # trained: only in the cache
+    assert tracker.snapshot()
+    change = tracker.row_state.changes_of(torch.tensor([0, 1, 2]))
+    assert change.tolist() == [0.5, 0.0, 0.0] and tbe.flushes == 2
+
+
+def test_key_value_kernels_are_refused_with_the_fix():
+    import pytest
+
+    from slipstream_rec.slipstream.sharded import discover_units
+
+    table = SimpleNamespace(name="t_a")
+    config = SimpleNamespace(embedding_tables=[table], compute_kernel=SimpleNamespace(value="key_value"))
+    module = SimpleNamespace(split_embedding_weights=lambda: ([object()], torch.zeros(1), None))
+    ebc = SimpleNamespace(
+        _lookups=[SimpleNamespace(grouped_configs=[config], _emb_modules=[module])],
+        _sharding_types=["row_wise"],
+    )
+    with pytest.raises(ValueError, match="sharding.compute_kernel=fused"):
+        discover_units(ebc)  # type: ignore[arg-type]
