@@ -17,6 +17,16 @@ class PipelineKind(Enum):
     base = "base"  # TorchRec TrainPipelineBase: no overlap (for debugging and comparison)
 
 
+class Precision(Enum):
+    """Arithmetic of the training forward's dense part."""
+
+    fp32 = "fp32"  # everything in float32
+    # torch.autocast to bfloat16 around the training forward: the MLPs and the interaction run
+    # in bf16 (weights, optimizer state and the embedding lookups stay fp32; the loss is fp32).
+    # Evaluation and the quality check's scoring run in fp32.
+    bf16 = "bf16"
+
+
 @dataclass
 class TrainerConfig:
     """The training loop around the sharded model."""
@@ -47,6 +57,8 @@ class TrainerConfig:
     tensorboard: bool = True
     # Show a tqdm progress bar (rank 0).
     progress_bar: bool = True
+    # fp32, or bf16 (autocast of the training forward's dense arch; needs pipeline=sparse_dist).
+    precision: Precision = Precision.fp32
     # Batches between two agreements of the ranks that each still has a batch (Slipstream skips
     # different numbers of samples per rank, so they run out at different steps). 1: one small
     # all-reduce every step; k > 1: one every k steps, each rank building its next k batches
@@ -72,6 +84,11 @@ class TrainerConfig:
             ("log_every_steps", self.log_every_steps > 0, "a positive step count"),
             ("collective_timeout_s", self.collective_timeout_s > 0, "positive seconds"),
             ("lockstep_every_steps", self.lockstep_every_steps >= 1, "1 (every step) or more steps"),
+            (
+                "precision",
+                self.precision is Precision.fp32 or self.pipeline is PipelineKind.sparse_dist,
+                "fp32 with trainer.pipeline=base (bf16 autocast is wired into the sparse_dist pipeline)",
+            ),
             ("resume", bool(self.resume), "auto, never or a checkpoint path"),
         ]
         check_fields("trainer", self, checks)

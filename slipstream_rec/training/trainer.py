@@ -22,7 +22,7 @@ from slipstream_rec.slipstream.batch_ops import batch_from_state, batch_to_state
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC, cache_stats
 from slipstream_rec.training.faults import FaultInjector
-from slipstream_rec.training.config import PipelineKind, TrainerConfig
+from slipstream_rec.training.config import PipelineKind, Precision, TrainerConfig
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
 
@@ -63,14 +63,20 @@ class TimedTrainPipelineSparseDist(TrainPipelineSparseDist):
     times on the host, not kernel times.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, autocast_dtype: Optional[torch.dtype] = None, **kwargs: Any) -> None:
+        # autocast_dtype: run the training forward under torch.autocast to this dtype (None: off).
         super().__init__(*args, **kwargs)
         self.seconds: Dict[str, float] = {stage: 0.0 for stage in PIPELINE_STAGES}
         model_fwd = self._model_fwd
+        device_type = self._device.type
 
         def timed_forward(batch: Any) -> Any:
             start = time.perf_counter()
-            out = model_fwd(batch)
+            if autocast_dtype is None:
+                out = model_fwd(batch)
+            else:
+                with torch.autocast(device_type, dtype=autocast_dtype):
+                    out = model_fwd(batch)
             self.seconds["forward"] += time.perf_counter() - start
             return out
 
@@ -98,11 +104,17 @@ class TimedTrainPipelineSparseDist(TrainPipelineSparseDist):
 
 
 def make_pipeline(
-    kind: PipelineKind, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+    kind: PipelineKind,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    precision: Precision = Precision.fp32,
 ) -> Any:
     if kind is PipelineKind.base:
+        assert precision is Precision.fp32, "TrainerConfig.validate refuses bf16 with the base pipeline"
         return TrainPipelineBase(model, optimizer, device)
-    return TimedTrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
+    dtype = torch.bfloat16 if precision is Precision.bf16 else None
+    return TimedTrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True, autocast_dtype=dtype)
 
 
 class InFlight:
@@ -182,7 +194,7 @@ class Trainer:
         self.slipstream = slipstream
         self.state = TrainState()
         self.checkpointer = checkpointer
-        self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device)
+        self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device, cfg.precision)
         self._epoch_start: Optional[float] = None  # perf_counter at the start of the running epoch
         self._paused_before = 0.0  # eval + checkpoint seconds at that moment
         self._in_flight: Optional[InFlight] = None  # the running epoch's iterator
