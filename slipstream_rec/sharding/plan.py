@@ -111,10 +111,12 @@ def parameter_constraints(
                 )
             min_partition = cfg.column_shard_dim
         if kind is ShardingKind.auto:
-            # any type; the kernel as configured (a data-parallel choice keeps its dense kernel)
+            # any type with the configured kernel; under auto also data_parallel (dense kernel).
+            # A forced kernel excludes data_parallel: every table then uses that kernel.
             types = None
             kernels = _kernels(kind, cfg, device_type)
-            kernels = kernels + [EmbeddingComputeKernel.DENSE.value] if kernels else kernels
+            if cfg.compute_kernel is ComputeKernel.auto:
+                kernels = kernels + [EmbeddingComputeKernel.DENSE.value]
         else:
             types = [kind.value]
             kernels = _kernels(kind, cfg, device_type)

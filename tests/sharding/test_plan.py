@@ -111,3 +111,13 @@ def test_host_memory_kernels_are_cuda_only_and_dense_is_data_parallel_only():
         parameter_constraints(ShardingConfig(type=ShardingKind.row_wise, compute_kernel=ComputeKernel.dense), TABLES)
     with pytest.raises(ValueError, match="sharding.cache_load_factor"):
         parameter_constraints(ShardingConfig(cache_load_factor=0.0), TABLES, "cuda")
+
+
+def test_a_forced_caching_kernel_reaches_every_table_under_the_auto_type():
+    from slipstream_rec.sharding.config import ComputeKernel
+
+    cfg = ShardingConfig(compute_kernel=ComputeKernel.fused_uvm_caching, cache_load_factor=0.05)
+    c = parameter_constraints(cfg, TABLES, "cuda")
+    assert all(v.sharding_types is None and v.compute_kernels == ["fused_uvm_caching"] for v in c.values())
+    plan = _cuda_plan(ShardingConfig(compute_kernel=ComputeKernel.fused_uvm_caching, cache_load_factor=0.05), rows=[1000, 5000])
+    assert {ps.compute_kernel for ps in plan.values()} == {"fused_uvm_caching"}
