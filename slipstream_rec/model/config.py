@@ -27,6 +27,13 @@ class FeatureNorm(Enum):
     batch = "batch"  # BatchNorm per feature and dimension, statistics over the global batch
 
 
+class EmbeddingDtype(Enum):
+    """Storage type of the embedding rows (TorchRec's EmbeddingBagConfig.data_type)."""
+
+    fp32 = "fp32"
+    fp16 = "fp16"  # half the memory and lookup bytes; FBGEMM's TBE updates the fp16 rows in place
+
+
 @dataclass
 class ModelConfig:
     """A DLRM from torchrec.models.dlrm, one embedding table per categorical feature."""
@@ -47,3 +54,6 @@ class ModelConfig:
     # embedding's D values) or batch (BatchNorm per feature and dimension, with running
     # statistics; its training forward is a small all-reduce over all ranks).
     feature_norm: FeatureNorm = FeatureNorm.none
+    # Storage type of the embedding rows: fp32 or fp16 (the TBE's weights_precision; pooled
+    # embeddings are returned in fp32). Slipstream's snapshots compare the rows in fp32.
+    embedding_dtype: EmbeddingDtype = EmbeddingDtype.fp32

@@ -7,7 +7,7 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from slipstream_rec.data.types import Batch
@@ -35,6 +35,7 @@ def embedding_bag_configs(
             num_embeddings=int(rows),
             feature_names=[feature],
             pooling=PoolingType.SUM,
+            data_type=DataType.FP16 if cfg.embedding_dtype.value == "fp16" else DataType.FP32,
         )
         for feature, rows in zip(feature_names, num_embeddings)
     ]

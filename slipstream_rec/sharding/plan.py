@@ -18,10 +18,13 @@ from torchrec.distributed.planner.types import ParameterConstraints, TopologyFac
 from torchrec.distributed.planner.types import TrainerConfig as PlannerTrainerConfig
 from torchrec.distributed.planner.types import KernelConfig
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
 from slipstream_rec.sharding.config import ComputeKernel, ShardingConfig, ShardingKind
-from slipstream_rec.sharding.sharder import SlipstreamEmbeddingBagCollectionSharder
+from slipstream_rec.sharding.sharder import (
+    SUPPORTED_SHARDING_TYPES,
+    SlipstreamEmbeddingBagCollectionSharder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +103,19 @@ def parameter_constraints(
     constraints: Dict[str, ParameterConstraints] = {}
     for table in tables:
         kind = cfg.table_overrides.get(table.name, cfg.type)
-        if kind is ShardingKind.auto and cfg.compute_kernel is ComputeKernel.auto and device_type != "cuda":
+        fp16 = table.data_type == DataType.FP16
+        if fp16 and kind is ShardingKind.data_parallel:
+            raise ValueError(
+                f"model.embedding_dtype=fp16 with data_parallel table {table.name}: data-parallel "
+                "rows are updated by the dense optimizer in fp16 (NaN measured on CPU). Use "
+                "another sharding type for it (sharding.table_overrides) or model.embedding_dtype=fp32"
+            )
+        if (
+            kind is ShardingKind.auto
+            and cfg.compute_kernel is ComputeKernel.auto
+            and device_type != "cuda"
+            and not fp16
+        ):
             continue  # the planner is free (on CPU its only kernels are fused and dense)
         min_partition: Optional[int] = None
         if kind is ShardingKind.column_wise and cfg.column_shard_dim:
@@ -115,7 +130,9 @@ def parameter_constraints(
             # A forced kernel excludes data_parallel: every table then uses that kernel.
             types = None
             kernels = _kernels(kind, cfg, device_type)
-            if cfg.compute_kernel is ComputeKernel.auto:
+            if fp16:  # fp16 rows only through FBGEMM's fused update: no data_parallel
+                types = [t for t in SUPPORTED_SHARDING_TYPES if t != ShardingKind.data_parallel.value]
+            elif cfg.compute_kernel is ComputeKernel.auto:
                 kernels = kernels + [EmbeddingComputeKernel.DENSE.value]
         else:
             types = [kind.value]

@@ -121,3 +121,16 @@ def test_a_forced_caching_kernel_reaches_every_table_under_the_auto_type():
     assert all(v.sharding_types is None and v.compute_kernels == ["fused_uvm_caching"] for v in c.values())
     plan = _cuda_plan(ShardingConfig(compute_kernel=ComputeKernel.fused_uvm_caching, cache_load_factor=0.05), rows=[1000, 5000])
     assert {ps.compute_kernel for ps in plan.values()} == {"fused_uvm_caching"}
+
+
+def test_fp16_embeddings_never_go_data_parallel():
+    from torchrec.modules.embedding_configs import DataType
+
+    half = [
+        EmbeddingBagConfig(name=f"t_{i}", embedding_dim=16, num_embeddings=100, feature_names=[f"f{i}"], data_type=DataType.FP16)
+        for i in range(2)
+    ]
+    c = parameter_constraints(ShardingConfig(), half)
+    assert all("data_parallel" not in v.sharding_types and v.compute_kernels == ["fused"] for v in c.values())
+    with pytest.raises(ValueError, match="model.embedding_dtype=fp16"):
+        parameter_constraints(ShardingConfig(type=ShardingKind.data_parallel), half)

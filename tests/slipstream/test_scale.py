@@ -204,3 +204,15 @@ def test_key_value_kernels_are_refused_with_the_fix():
     )
     with pytest.raises(ValueError, match="sharding.compute_kernel=fused"):
         discover_units(ebc)  # type: ignore[arg-type]
+
+
+def test_fp16_rows_are_budgeted_at_two_bytes_and_compared_in_fp32():
+    unit = _unit("a", 4, [3, 3, 3, 3])
+    unit.weights = torch.zeros(4, COLS, dtype=torch.float16)
+    tracker = _tracker([unit], ["a"], [4])
+    sel = tracker.select_hot(budget_bytes=2 * 2 * COLS, min_count=1)  # room for 2 fp16 rows
+    assert sel.hot_rows == 2 and sel.hot_bytes == 2 * 2 * COLS
+    tracker.snapshot()
+    unit.weights[1, 0] += 0.25
+    assert tracker.snapshot()
+    assert tracker.row_state.changes_of(torch.tensor([0, 1])).tolist() == [0.0, 0.25]
