@@ -282,6 +282,32 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:400] if text else type(e).__name__
 
 
+def no_nvidia_driver() -> Optional[str]:
+    """Why the NVIDIA driver's NVML library does not load here, None when it does.
+
+    fbgemm-gpu's CUDA build links libnvidia-ml.so.1, which comes with the driver (the NVIDIA
+    container toolkit mounts it at ``docker run --gpus``), not with any pip package: without a
+    driver, as in a ``docker build``, fbgemm_gpu and torchrec cannot be imported at all.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as e:
+        return _first_line(e)
+    return None
+
+
+def _note_no_driver(report: Report, why: str) -> None:
+    note = (
+        f"no GPU and no NVIDIA driver here ({why}): the GPU stack's fbgemm and torchrec load only "
+        "where the driver is (e.g. docker run --gpus all); the versions above are checked, the "
+        "operators on a GPU host. Without a GPU, use the CPU image / the cpu variant to train."
+    )
+    if note not in report.notes:
+        report.notes.append(note)
+
+
 def probe_runtime(report: Report, variant: Optional[str], pins: Optional[Pins]) -> Optional[str]:
     """Import the stack, run an fbgemm op, report devices and the backend; returns torch's CUDA
     version (None for a CPU build or when torch does not import)."""
@@ -330,21 +356,32 @@ def probe_runtime(report: Report, variant: Optional[str], pins: Optional[Pins]) 
             ran_on.append(dev)
         report.add("fbgemm ops", f"loaded; torch.ops.fbgemm.asynchronous_complete_cumsum ran on {', '.join(ran_on)}")
     except Exception as e:  # noqa: BLE001
-        hint = ""
-        if "undefined symbol" in str(e) or "No such operator" in str(e) or isinstance(e, (AttributeError, OSError)):
-            hint = " (the fbgemm build does not match this torch)"
-        elif "no kernel image" in str(e):
-            hint = " (this GPU's architecture is not in the fbgemm / torch build: check the CUDA index)"
-        report.add("fbgemm ops", "NOT loaded")
-        report.problems.append(Problem(f"fbgemm's operators do not load or run{hint}: {_first_line(e)}", fix))
+        # Without a GPU, a missing driver is the expected reason (not a broken install): say so.
+        driver = no_nvidia_driver() if variant == "gpu" and not cuda_ok else None
+        if driver is not None:
+            report.add("fbgemm ops", "not loaded: fbgemm's CUDA build needs the NVIDIA driver, absent here")
+            _note_no_driver(report, driver)
+        else:
+            hint = ""
+            if "undefined symbol" in str(e) or "No such operator" in str(e) or isinstance(e, (AttributeError, OSError)):
+                hint = " (the fbgemm build does not match this torch)"
+            elif "no kernel image" in str(e):
+                hint = " (this GPU's architecture is not in the fbgemm / torch build: check the CUDA index)"
+            report.add("fbgemm ops", "NOT loaded")
+            report.problems.append(Problem(f"fbgemm's operators do not load or run{hint}: {_first_line(e)}", fix))
     try:
         import torchrec  # noqa: F401
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: F401
 
         report.add("torchrec import", "ok")
     except Exception as e:  # noqa: BLE001
-        report.add("torchrec import", "FAILED")
-        report.problems.append(Problem(f"import torchrec failed: {_first_line(e)}", fix))
+        driver = no_nvidia_driver() if variant == "gpu" and not cuda_ok else None
+        if driver is not None:
+            report.add("torchrec import", "not possible: it loads fbgemm's CUDA build, which needs the NVIDIA driver")
+            _note_no_driver(report, driver)
+        else:
+            report.add("torchrec import", "FAILED")
+            report.problems.append(Problem(f"import torchrec failed: {_first_line(e)}", fix))
 
     # Devices and the choice trainer.device=auto makes on this process's local rank.
     if cuda_ok:

@@ -90,6 +90,32 @@ def test_in_process_mismatch_of_torch_names_the_package_and_the_fix(monkeypatch)
     assert f"python tools/install_stack.py --variant {variant}" in text and str(REPO) in text
 
 
+def test_gpu_stack_without_driver_reports_no_gpu_instead_of_a_broken_install(monkeypatch):
+    """The GPU image where no NVIDIA driver is (a `docker build`, a machine without a GPU):
+    fbgemm's CUDA build cannot load without libnvidia-ml.so.1; that is reported as "no GPU", not
+    as a broken install. With the driver present, the same failure stays a problem."""
+    monkeypatch.setitem(sys.modules, "fbgemm_gpu", None)  # `import fbgemm_gpu` now fails
+    monkeypatch.setitem(sys.modules, "torchrec", None)
+    monkeypatch.setattr(sc, "no_nvidia_driver", lambda: "OSError: libnvidia-ml.so.1: cannot open shared object file")
+    report = sc.Report()
+    sc.probe_runtime(report, "gpu", None)
+    lines = dict(report.lines)
+    assert lines["fbgemm ops"].startswith("not loaded: fbgemm's CUDA build needs the NVIDIA driver")
+    assert lines["torchrec import"].startswith("not possible")
+    assert not [p for p in report.problems if "fbgemm's operators" in p.what or "import torchrec" in p.what]
+    assert len(report.notes) == 1 and "no GPU and no NVIDIA driver here" in report.notes[0]
+    # the CPU variant never needs the driver: the same failure is a problem there
+    report = sc.Report()
+    sc.probe_runtime(report, "cpu", None)
+    assert [p for p in report.problems if "fbgemm's operators do not load" in p.what]
+    assert [p for p in report.problems if "import torchrec failed" in p.what]
+    # driver present: a load failure is a real problem
+    monkeypatch.setattr(sc, "no_nvidia_driver", lambda: None)
+    report = sc.Report()
+    sc.probe_runtime(report, "gpu", None)
+    assert [p for p in report.problems if "fbgemm's operators do not load" in p.what] and not report.notes
+
+
 # --- pure checks ---------------------------------------------------------------------------------
 
 
