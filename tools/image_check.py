@@ -23,7 +23,7 @@ self-check) is run with ``run --rm`` too. Each step is reported; the first failu
 with exit status 1 (the log's tail is printed, the whole log is under --log-dir). Exit status 77:
 no container engine works here and none can be installed; the test suite skips on it.
 
-pip inside a podman build: the host's effective pip configuration (``pip config list``: files and
+pip inside a podman build (tools/image_host.py): the host's effective pip configuration (``pip config list``: files and
 PIP_* variables) is written to one temporary file mounted read-only at /etc/pip.conf, and every
 local path it names (CA bundle, find-links, file:// indexes, constraints) is mounted read-only
 under /run/pip-host/. Mounts are not part of the image; the first check proves it.
@@ -32,7 +32,6 @@ under /run/pip-host/. Mounts are not part of the image; the first check proves i
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import re
@@ -42,11 +41,12 @@ import sys
 import tempfile
 import time
 import tomllib
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from image_host import build_pip_config, debian_mirror, host_pip_config  # tools/, next to this script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = {"cpu": ROOT / "docker" / "Dockerfile.cpu", "gpu": ROOT / "docker" / "Dockerfile"}
@@ -55,12 +55,8 @@ BASE_ARG = {"cpu": "BASE", "gpu": "CUDA_IMAGE"}  # the build argument naming eac
 TAGS = {"cpu": "slipstream_rec:cpu", "gpu": "slipstream_rec:gpu-install-check"}
 LOCAL_BASE = "slipstream-debian-base:bookworm"
 DEBIAN_SUITE = "bookworm"  # Python 3.11, the version pyproject requires
-MOUNT_ROOT = "/run/pip-host"
 DEFAULT_INDEX = "https://pypi.org/simple"
 EXIT_SKIP = 77
-# What pip needs to reach an index; the GPU build keeps only these (local wheel directories and
-# extra indexes could hold CPU builds of torch, and the GPU stack must come from its one index).
-NETWORK_KEYS = {"cert", "client-cert", "timeout", "default-timeout", "retries", "proxy", "trusted-host", "index-url"}
 CPU_MAX_IMAGE_BYTES = 2 * 1000**3  # the issue's target: the CPU image is at most 2 GB
 
 
@@ -74,107 +70,6 @@ class StepFailed(Exception):
 
 class NoEngine(Exception):
     """No container engine works here and none can be installed (exit status 77)."""
-
-
-# ---- the host's pip configuration, for a podman build --------------------------------------
-
-
-def parse_pip_config_list(text: str) -> Dict[str, str]:
-    """``pip config list`` output -> the options ``pip install`` uses, by key.
-
-    Lines are ``section.key='value'``; the ``:env:`` section (PIP_* variables) wins over
-    ``install``, which wins over ``global``, as in pip. Other sections do not apply to install.
-    """
-    rank = {"global": 0, "install": 1, ":env:": 2}
-    found: Dict[str, Tuple[int, str]] = {}
-    for line in text.splitlines():
-        m = re.match(r"^(:env:|[\w-]+)\.([\w-]+)=(.*)$", line.strip())
-        if not m or m.group(1) not in rank:
-            continue
-        try:
-            value = str(ast.literal_eval(m.group(3)))
-        except (ValueError, SyntaxError):
-            value = m.group(3)
-        key, level = m.group(2), rank[m.group(1)]
-        if key not in found or level >= found[key][0]:
-            found[key] = (level, value)
-    return {k: v for k, (_, v) in found.items()}
-
-
-def host_pip_config() -> Dict[str, str]:
-    """The effective pip options of this machine (empty when no pip is at hand to ask)."""
-    for python in (sys.executable, shutil.which("python3") or ""):
-        if not python:
-            continue
-        proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60)
-        if proc.returncode == 0:
-            return parse_pip_config_list(proc.stdout)
-    return {}
-
-
-def build_pip_config(options: Mapping[str, str], variant: str) -> Tuple[str, List[Tuple[str, str]]]:
-    """(pip.conf text for the build, [(host path, path in the build)] to mount read-only).
-
-    Local paths and file:// URLs are rewritten to their mount under MOUNT_ROOT (the whole tree of
-    a ``.../simple`` index, whose pages link to ``../../files``); URLs stay as they are.
-    """
-    mounts: Dict[str, str] = {}
-
-    def mount(path: str) -> str:
-        real = os.path.realpath(path)
-        if any(c in real for c in ":,"):
-            raise StepFailed(f"pip configuration path {real!r} holds ':' or ',', which --volume cannot mount")
-        mounts[real] = MOUNT_ROOT + real
-        return MOUNT_ROOT + real
-
-    def rewrite(token: str) -> str:
-        if token.startswith("file://"):
-            path = urllib.parse.unquote(urllib.parse.urlparse(token).path)
-            real = os.path.realpath(path)
-            tree = os.path.dirname(real) if os.path.basename(real) == "simple" else real
-            inside = mount(tree) + real[len(tree):]
-            return "file://" + urllib.parse.quote(inside)
-        if token.startswith("/") and os.path.exists(token):
-            real = os.path.realpath(token)
-            return mount(real)
-        return token
-
-    lines = ["[global]"]
-    for key, value in sorted(options.items()):
-        if variant == "gpu" and key not in NETWORK_KEYS:
-            continue
-        lines.append(f"{key} = {' '.join(rewrite(t) for t in value.split())}")
-    # one mount per tree: drop paths inside another mounted directory
-    keep = sorted(mounts)
-    keep = [p for p in keep if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in keep)]
-    return "\n".join(lines) + "\n", [(p, mounts[p]) for p in keep]
-
-
-# ---- this machine's Debian mirror ----------------------------------------------------------
-
-
-def debian_mirror(apt_dir: Path = Path("/etc/apt")) -> Optional[str]:
-    """The first Debian archive URI of the apt sources (not a security archive); None if none."""
-    files = [apt_dir / "sources.list"] + sorted((apt_dir / "sources.list.d").glob("*"))
-    for path in files:
-        if not path.is_file() or path.suffix not in ("", ".list", ".sources"):
-            continue
-        text = path.read_text(errors="replace")
-        if path.suffix == ".sources":  # deb822 stanzas
-            for stanza in re.split(r"\n\s*\n", text):
-                fields = dict(re.findall(r"(?m)^([\w-]+):\s*(.*)$", stanza))
-                if "deb" not in fields.get("Types", "").split() or fields.get("Enabled", "yes") == "no":
-                    continue
-                suites = fields.get("Suites", "").split()
-                for uri in fields.get("URIs", "").split():
-                    if not any(s.endswith("-security") for s in suites) and "security" not in uri:
-                        return uri
-        else:
-            for line in text.splitlines():
-                m = re.match(r"^\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)", line)
-                if m and not m.group(2).endswith("-security") and "security" not in m.group(1):
-                    return m.group(1)
-    return None
 
 
 def dockerfile_default(dockerfile: Path, name: str) -> str:
@@ -220,9 +115,8 @@ def apt_install(packages: List[str], log: Path) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise NoEngine(f"cannot install {' '.join(packages)}: needs root and apt-get")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
-    if packages == ["podman"] or "podman" in packages:
-        cmd.remove("--no-install-recommends")  # podman needs its recommended runtime (crun) and network plugins
+    # with recommends: podman needs its recommended OCI runtime (crun) and network plugins
+    cmd = ["apt-get", "install", "-y", "-q", *packages]
     try:
         run_logged(cmd, log, 900, env=env)
     except StepFailed:  # stale or missing package lists on a fresh machine
@@ -316,7 +210,7 @@ def debootstrap_base(engine: Engine, log: Path, may_install: bool, mirror: Optio
         finally:
             tar.stdout.close()
             tar.wait()
-    return f"{LOCAL_BASE} (debootstrap {DEBIAN_SUITE} from {mirror})"
+    return f"made with debootstrap ({DEBIAN_SUITE} from {mirror})"
 
 
 def choose_base(engine: Engine, variant: str, explicit: str, log: Path, may_install: bool,
@@ -463,25 +357,31 @@ def main(argv: Optional[List[str]] = None) -> int:
             return EXIT_SKIP
         summary["engine"] = engine.name
 
-        base = steps.run("base image", lambda: (lambda r: (r[0], f"{r[0]}: {r[1]}"))(
-            choose_base(engine, variant, args.base, log, not args.no_install, args.mirror or None)))
-        summary["base"] = base
+        def base_step():
+            image, how = choose_base(engine, variant, args.base, log, not args.no_install, args.mirror or None)
+            return image, f"{image}: {how}"
+        base = summary["base"] = steps.run("base image", base_step)
 
         def build_step():
             options = host_pip_config() if engine.name == "podman" else {}
             build_args = {BASE_ARG[variant]: base}
             index = args.torch_index_url
-            if index is None and variant == "cpu":
-                default = dockerfile_default(DOCKERFILES["cpu"], "TORCH_INDEX_URL")
-                index = None if index_reachable(default, options.get("cert")) else ""
-            if index is None and variant == "gpu":
-                index = options.get("index-url", DEFAULT_INDEX)
+            # the Dockerfile's own index where it answers; else, for the CPU image, pip's own
+            # configuration (it must offer torch's CPU build), for the GPU image pip's index (PyPI's
+            # pinned torch and fbgemm-gpu are CUDA builds)
+            if index is None and not index_reachable(
+                dockerfile_default(DOCKERFILES[variant], "TORCH_INDEX_URL"), options.get("cert")
+            ):
+                index = "" if variant == "cpu" else options.get("index-url", DEFAULT_INDEX)
             if index is not None:
                 build_args["TORCH_INDEX_URL"] = index
             volumes: List[Tuple[str, str]] = []
             with tempfile.TemporaryDirectory(prefix="image-check-pip-") as tmp:
                 if options:
-                    text, volumes = build_pip_config(options, variant)
+                    try:
+                        text, volumes = build_pip_config(options, variant)
+                    except ValueError as e:
+                        raise StepFailed(str(e)) from None
                     conf = Path(tmp) / "pip.conf"
                     conf.write_text(text)
                     (log_dir / f"{variant}-pip.conf").write_text(text)  # what the build saw, for the log

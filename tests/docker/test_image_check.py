@@ -1,5 +1,5 @@
-"""tools/image_check.py (``make image-check``): its parts without a container engine, and the
-whole check with one.
+"""tools/image_check.py (``make image-check``) and tools/image_host.py: their parts without a
+container engine, and the whole check with one.
 
 The parts: how the host's pip configuration becomes the build's (paths mounted read-only under
 /run/pip-host, URLs kept, the GPU build reduced to the network settings), where the Debian mirror
@@ -29,6 +29,7 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def _load():
+    sys.path.insert(0, str(SCRIPT.parent))  # image_check imports image_host, next to it
     spec = importlib.util.spec_from_file_location("image_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules["image_check"] = module  # dataclasses look their module up there
@@ -37,6 +38,7 @@ def _load():
 
 
 ic = _load()
+import image_host as host  # noqa: E402 - importable once _load() put tools/ on sys.path
 
 
 # ---- the host's pip configuration ------------------------------------------------------------
@@ -51,14 +53,14 @@ def test_pip_config_list_precedence_env_over_install_over_global():
         "global.extra-index-url='file:///x/simple https://example.org/simple'",
         ":env:.find-links='/opt/wheels'",
     ])
-    assert ic.parse_pip_config_list(text) == {
+    assert host.parse_pip_config_list(text) == {
         "cert": "/a.pem",
         "timeout": "20",
         "extra-index-url": "file:///x/simple https://example.org/simple",
         "find-links": "/opt/wheels",
     }
-    assert ic.parse_pip_config_list(text + "\n:env:.timeout='30'")["timeout"] == "30"
-    assert ic.parse_pip_config_list("") == {}
+    assert host.parse_pip_config_list(text + "\n:env:.timeout='30'")["timeout"] == "30"
+    assert host.parse_pip_config_list("") == {}
 
 
 def _local_index(tmp: Path) -> dict:
@@ -89,9 +91,9 @@ def _conf(text: str) -> dict:
 
 def test_cpu_build_config_mounts_every_local_path_and_keeps_urls(tmp_path):
     tmp = Path(os.path.realpath(tmp_path))
-    text, mounts = ic.build_pip_config(_local_index(tmp), "cpu")
+    text, mounts = host.build_pip_config(_local_index(tmp), "cpu")
     conf = _conf(text)
-    root = ic.MOUNT_ROOT
+    root = host.MOUNT_ROOT
     assert conf["cert"] == f"{root}{tmp}/certs/ca.pem"
     assert conf["find-links"] == f"{root}{tmp}/wheels"
     assert conf["extra-index-url"].split() == [f"file://{root}{tmp}/index/simple", "https://mirror.example/simple"]
@@ -111,23 +113,23 @@ def test_cpu_build_config_mounts_every_local_path_and_keeps_urls(tmp_path):
 
 def test_gpu_build_config_keeps_only_the_network_settings(tmp_path):
     tmp = Path(os.path.realpath(tmp_path))
-    text, mounts = ic.build_pip_config(_local_index(tmp), "gpu")
+    text, mounts = host.build_pip_config(_local_index(tmp), "gpu")
     conf = _conf(text)
     # no local wheels or extra indexes: they could hold torch's CPU build
     assert set(conf) == {"cert", "timeout"}
-    assert mounts == [(str(tmp / "certs" / "ca.pem"), f"{ic.MOUNT_ROOT}{tmp}/certs/ca.pem")]
+    assert mounts == [(str(tmp / "certs" / "ca.pem"), f"{host.MOUNT_ROOT}{tmp}/certs/ca.pem")]
 
 
 def test_build_config_nests_no_mounts_and_refuses_unmountable_paths(tmp_path):
     tmp = Path(os.path.realpath(tmp_path))
     options = _local_index(tmp)
     options["find-links"] = str(tmp / "index" / "files")  # inside the index tree, mounted already
-    _, mounts = ic.build_pip_config(options, "cpu")
+    _, mounts = host.build_pip_config(options, "cpu")
     assert [s for s, _ in mounts] == [str(tmp / "certs" / "ca.pem"), str(tmp / "index")]
     odd = tmp / "a:b"
     odd.mkdir()
-    with pytest.raises(ic.StepFailed, match="cannot mount"):
-        ic.build_pip_config({"find-links": str(odd)}, "cpu")
+    with pytest.raises(ValueError, match="cannot mount"):
+        host.build_pip_config({"find-links": str(odd)}, "cpu")
 
 
 # ---- the Debian mirror, the Dockerfiles' bases, no engine ------------------------------------
@@ -145,15 +147,15 @@ def test_debian_mirror_from_deb822_and_one_line_sources(tmp_path):
         "Types: deb\nURIs: http://off.example/debian\nSuites: bookworm\nEnabled: no\n\n"
         "Types: deb deb-src\n# a comment\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
     )
-    assert ic.debian_mirror(apt) == "http://mirror.example/debian"
+    assert host.debian_mirror(apt) == "http://mirror.example/debian"
     (apt / "sources.list").write_text(
         "deb http://security.debian.org/debian-security bookworm-security main\n"
         "deb [arch=amd64] http://one-line.example/debian bookworm main\n"
     )
-    assert ic.debian_mirror(apt) == "http://one-line.example/debian"
+    assert host.debian_mirror(apt) == "http://one-line.example/debian"
     (apt / "sources.list").write_text("")
     (apt / "sources.list.d" / "debian.sources").write_text("Types: deb-src\nURIs: http://src.example/debian\n")
-    assert ic.debian_mirror(apt) is None
+    assert host.debian_mirror(apt) is None
 
 
 def test_base_image_defaults_come_from_the_dockerfiles(tmp_path):
@@ -166,7 +168,7 @@ def test_base_image_defaults_come_from_the_dockerfiles(tmp_path):
 
 
 def test_no_engine_and_no_install_exits_77_with_the_reason(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(ic.shutil, "which", lambda name, *a, **k: None)
+    monkeypatch.setattr(ic.shutil, "which", lambda name, *a, **k: None)  # no docker, podman, apt-get
     with pytest.raises(ic.NoEngine):
         ic.find_engine("auto", False, tmp_path / "log")
     monkeypatch.setattr(ic.os, "geteuid", lambda: 1000)  # not root: apt-get may not run
