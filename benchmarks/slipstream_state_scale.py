@@ -62,8 +62,8 @@ def worker(args: argparse.Namespace) -> None:
     dmp = shard_model(model, ShardingConfig(type=ShardingKind.row_wise), embedding_bag_configs(model_cfg, feats, rows), torch.device("cpu"), args.batch)
     build_s = time.perf_counter() - t0
     cfg = SlipstreamConfig(
-        policy=Policy.track_only, count_steps=args.count_steps, count_fraction=0.25,
-        snapshot_interval=args.snapshot_interval, hot_budget_mb=args.hot_budget_mb, min_count=2,
+        policy=Policy.track_only, count_steps=args.count_steps, count_fraction=args.count_fraction,
+        snapshot_interval=args.snapshot_interval, hot_budget_mb=args.hot_budget_mb, min_count=args.min_count,
     )  # fmt: skip
     ctl = SlipstreamController(cfg, dmp, feats, rows, args.batch, seed=0, rank=env.rank)
     gen = torch.Generator().manual_seed(100 + env.rank)
@@ -125,6 +125,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch", type=int, default=2048, help="samples per rank per step")
     p.add_argument("--count-steps", type=int, default=40)
+    p.add_argument("--count-fraction", type=float, default=0.25)
+    p.add_argument("--min-count", type=int, default=2)
     p.add_argument("--snapshot-interval", type=int, default=20)
     p.add_argument("--hot-budget-mb", type=float, default=256.0)
     p.add_argument("--lockstep-every", type=int, default=1)
