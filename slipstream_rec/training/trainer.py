@@ -20,9 +20,9 @@ from slipstream_rec.checkpoint.rng import capture_rng, restore_rng
 from slipstream_rec.distributed import DistEnv, all_reduce_
 from slipstream_rec.slipstream.batch_ops import batch_from_state, batch_to_state
 from slipstream_rec.slipstream.controller import SlipstreamController
-from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC, cache_stats
 from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.config import PipelineKind, Precision, TrainerConfig
+from slipstream_rec.training.embedding_cache import embedding_cache_summary
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
 
@@ -432,26 +432,6 @@ class Trainer:
             self._resume_position = {"epoch": pos["epoch"], "source_batches": start, "stream": None, "in_flight": []}
         return {"data_position_exact": same_data, "slipstream_tracking_exact": tracking_exact}
 
-    def _cache_stats(self) -> Optional[Dict[str, float]]:
-        """GPU-cache statistics of the fused_uvm_caching tables summed over ranks (where FBGEMM
-        gathers them: sharding.cache_stats on CUDA), else None. Collective: all ranks enter one
-        SUM all-reduce, with or without caching tables."""
-        local = None
-        if self.env.device.type == "cuda":  # the same on every rank
-            try:
-                units = [u for m in self.model.modules() if isinstance(m, SlipstreamShardedEBC) for u in m.units]
-            except ValueError:  # key-value kernels (slipstream=off): no weight views, no UVM cache
-                units = []
-            local = cache_stats(units)
-        keys = ["calls", "requested_indices", "unique_indices", "unique_misses", "conflict_unique_misses", "conflict_misses", "h2d_bytes"]
-        values = [1.0 if local is not None else 0.0] + [local[k] if local else 0.0 for k in keys]
-        total = all_reduce_(torch.tensor(values, dtype=torch.float64)).tolist()  # all ranks
-        if total[0] == 0:
-            return None
-        out = {k: v for k, v in zip(keys, total[1:])}
-        out["hit_rate"] = 1.0 - out["unique_misses"] / out["unique_indices"] if out["unique_indices"] else None
-        return out
-
     def _evaluate(self, split: str, loader: Any) -> Dict[str, float]:
         """Pause the pipeline (its in-flight batches are kept), evaluate, resume on next step."""
         t0 = time.perf_counter()
@@ -485,7 +465,7 @@ class Trainer:
         state_bytes = all_reduce_(
             torch.tensor([self.slipstream.peak_state_bytes()], dtype=torch.int64), dist.ReduceOp.MAX
         )
-        cache = self._cache_stats()  # all ranks
+        cache = embedding_cache_summary(self.model, self.env.device)  # all ranks
         slip = self.slipstream.state_record(with_tables=True)
         return {
             "steps": st.step,

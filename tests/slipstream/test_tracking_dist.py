@@ -193,7 +193,7 @@ def test_ranks_with_different_skip_rates_end_on_the_same_step_with_full_batches(
 
 
 def lockstep_every_worker(env, every: int):
-    import slipstream_rec.slipstream.controller as controller
+    import slipstream_rec.slipstream.lockstep as controller
     from slipstream_rec.data.types import Batch, make_kjt
     from slipstream_rec.slipstream.stream import SkippingStream
 

@@ -1,0 +1,75 @@
+"""Keeping all ranks on the same step while Slipstream skips different numbers of samples on each.
+
+Every rank's stream emits constant-size batches, but a rank that skips more runs out of data
+first; the others would then wait in the next all-to-all until the timeout. ``lockstep`` makes
+all ranks stop together, agreeing every step or, from batches built ahead, every k steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from slipstream_rec.data.types import Batch
+from slipstream_rec.distributed import all_reduce_
+
+__all__ = ["lockstep"]
+
+
+def lockstep(batches: Iterator[Batch], on_drop: Any = None, every: int = 1) -> Iterator[Batch]:
+    """Yield while EVERY rank still has a batch; stop on all ranks together.
+
+    Collective: all ranks enter one MIN all-reduce per agreement. Without it, a rank whose stream
+    ran dry first would leave the others waiting in the next all-to-all until the timeout.
+
+    ``every`` = 1: one agreement per batch. ``every`` = k > 1 (``batches`` must be a
+    ``SkippingStream``): each rank builds its next k batches ahead (``prepare``), the ranks agree
+    on the fewest any of them holds, n, and all hand out n batches with no further collective.
+    A rank that runs out holds fewer than k, so it says so k steps ahead; n < k means the last
+    agreement: every rank stops after those n and drops what it built beyond them. The
+    agreement falls on the same steps in an interrupted and resumed run (``agreed_ahead`` is
+    part of the stream's checkpoint).
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if every < 1:
+        raise ValueError(f"trainer.lockstep_every_steps={every} must be >= 1 (1: agree every step)")
+    if every > 1 and world > 1:
+        yield from _lockstep_ahead(batches, on_drop, every)
+        return
+    while True:
+        batch = next(batches, None)
+        if world > 1:
+            flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32)
+            all_reduce_(flag, dist.ReduceOp.MIN)  # all ranks, every step
+            everyone = bool(flag.item())
+        else:
+            everyone = batch is not None
+        if not everyone:
+            if batch is not None and on_drop is not None:
+                on_drop(batch.batch_size)
+            return
+        yield batch
+
+
+def _lockstep_ahead(stream: Any, on_drop: Any, every: int) -> Iterator[Batch]:
+    """``lockstep`` with one agreement every ``every`` batches (see there)."""
+    assert hasattr(stream, "prepare"), "lockstep every k > 1 steps needs a SkippingStream"
+    while True:
+        if stream.agreed_ahead == 0:
+            if stream.agreed_last:  # the previous agreement was the last: every rank stops
+                stream.drop_ready()  # counted by the stream as dropped at the end
+                return
+            ready = stream.prepare(every)
+            n = torch.tensor([ready], dtype=torch.int64)
+            all_reduce_(n, dist.ReduceOp.MIN)  # all ranks, once every `every` batches
+            agreed = int(n.item())
+            if agreed == 0:
+                stream.drop_ready()
+                return
+            stream.agreed_ahead = agreed
+            stream.agreed_last = int(agreed < every)  # some rank holds no more after these
+        batch = next(stream)
+        stream.agreed_ahead -= 1  # before the yield: a checkpoint in between sees it handed out
+        yield batch
