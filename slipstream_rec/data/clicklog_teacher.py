@@ -26,6 +26,7 @@ import numpy as np
 from slipstream_rec.data.clicklog_world import (
     AD_BLOCK, COL, FEATURES, HOURLY_TRAFFIC, NUM_CONNECTIONS, NUM_SLOTS, SITE_BLOCK, USER_BLOCK, World, draw,
 )
+from slipstream_rec.data.labels import fit_bias, sigmoid
 
 # Relative standard deviation of each feature's per-id effect in E (assumed; the finest ids and
 # the entities' owners matter most; the whole term is rescaled to teacher_entity_scale).
@@ -38,24 +39,6 @@ FIRST_ORDER: Dict[str, float] = {
 # Rows of the calibration sample (spread evenly over the days; at most the log's rows).
 CALIBRATION_ROWS = 210_000
 STREAM_TEACHER, STREAM_CALIB = 21, 22
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # stable for large |x|
-
-
-def fit_bias(z: np.ndarray, target: float) -> float:
-    """The b with mean(sigmoid(b + z)) == target, by bisection."""
-    lo, hi = -40.0, 40.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if sigmoid(mid + z).mean() < target:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-10:
-            break
-    return 0.5 * (lo + hi)
 
 
 class ClicklogTeacher:

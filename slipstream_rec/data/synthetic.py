@@ -50,6 +50,7 @@ from slipstream_rec.data.config import (
     DataConfig,
     SyntheticConfig,
 )
+from slipstream_rec.data.labels import fit_bias, sigmoid
 from slipstream_rec.data.loader import FORMAT_VERSION, META_FILE, SPLITS, load_meta, split_file
 from slipstream_rec.training.metrics import auc
 
@@ -269,10 +270,6 @@ def dataset_dir(cfg: Any) -> Path:
 # -- the teacher -------------------------------------------------------------------------------
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # stable for large |x|
-
-
 class Teacher:
     """The hidden model that draws ids, dense features and labels. Deterministic by config."""
 
@@ -331,21 +328,8 @@ class Teacher:
         std = dense.std(axis=0, dtype=np.float64)
         self.dense_std = np.where(std > 1e-6, std, 1.0)
         z = sparse_logit + self.dense_logit(dense)
-        self.bias = self._fit_bias(z, cfg.base_ctr)
+        self.bias = fit_bias(z, cfg.base_ctr)
         self.logit_std = float(z.std())
-
-    @staticmethod
-    def _fit_bias(z: np.ndarray, target: float) -> float:
-        lo, hi = -40.0, 40.0
-        for _ in range(100):
-            mid = 0.5 * (lo + hi)
-            if _sigmoid(mid + z).mean() < target:
-                lo = mid
-            else:
-                hi = mid
-            if hi - lo < 1e-10:
-                break
-        return 0.5 * (lo + hi)
 
     def sample_ids(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """(n, 26) int64 ids, Zipf-like per feature (inverse-CDF sampling, then permutation)."""
@@ -398,7 +382,7 @@ class Teacher:
         ids = self.sample_ids(rng, n)
         sl = self.sparse_logit(ids)
         dense = self.sample_dense(rng, sl)
-        p = _sigmoid(self.bias + sl + self.dense_logit(dense))
+        p = sigmoid(self.bias + sl + self.dense_logit(dense))
         labels = (rng.random(n) < p).astype(np.int32).reshape(n, 1)
         return dense, ids.astype(np.int32), p, labels
 
