@@ -460,20 +460,20 @@ class World:
         retarget = u[11] < c.retargeting_share
         deal = ~retarget & (u[11] < c.retargeting_share + c.direct_deal_share)
         targeted = ~(retarget | deal)
-        if retarget.any():
-            rows = np.flatnonzero(retarget)
-            who = user[rows]
-            adv = self.user_advertisers[who, (u[12, rows] * self.num_user_advertisers[who]).astype(np.int64)]
-            live = state.ads_of_advertiser.totals[adv] > 0
-            ad[rows[live]] = state.ads_of_advertiser.sample(adv[live], u[7, rows[live]])
-            targeted[rows[~live]] = True
-        if deal.any():
-            rows = np.flatnonzero(deal)
-            where = site[rows]
-            camp = self.site_deals[where, (u[12, rows] * self.num_site_deals[where]).astype(np.int64)]
-            live = state.ads_of_campaign.totals[camp] > 0
-            ad[rows[live]] = state.ads_of_campaign.sample(camp[live], u[7, rows[live]])
-            targeted[rows[~live]] = True
+        # Retargeting picks one of the user's advertisers, a direct deal one of the site's
+        # campaigns; then an ad of that owner. An owner with no live ad falls back to targeting.
+        routes = (
+            (retarget, user, self.user_advertisers, self.num_user_advertisers, state.ads_of_advertiser),
+            (deal, site, self.site_deals, self.num_site_deals, state.ads_of_campaign),
+        )
+        for mask, entity, owners, num_owners, ads_of_owner in routes:
+            if mask.any():
+                rows = np.flatnonzero(mask)
+                who = entity[rows]
+                owner = owners[who, (u[12, rows] * num_owners[who]).astype(np.int64)]
+                live = ads_of_owner.totals[owner] > 0
+                ad[rows[live]] = ads_of_owner.sample(owner[live], u[7, rows[live]])
+                targeted[rows[~live]] = True
         rows = np.flatnonzero(targeted)
         by = np.where(u[5, rows] < c.contextual_targeting_share, out[rows, COL["site_category"]],
                       c.num_site_categories + out[rows, COL["user_segment"]])
