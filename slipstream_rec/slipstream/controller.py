@@ -140,8 +140,11 @@ class SlipstreamController:
     def _active_threshold(self) -> Optional[float]:
         return self.threshold if self._past_warmup() else None
 
-    def target_skip_fraction(self) -> float:
-        """The current D: the configured one, or where the quality check has moved it."""
+    def target_skip_fraction(self) -> Optional[float]:
+        """The current D: the configured one, or where the quality check has moved it; None for
+        the policies that choose no threshold (off, random)."""
+        if not self.cfg.policy.tracks:
+            return None
         return self.quality.target if self.quality is not None else self.cfg.target_skip_fraction
 
     def _decide(self, batch: Batch) -> Any:
