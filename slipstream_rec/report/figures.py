@@ -92,6 +92,17 @@ def accuracy(runs: List[Run]) -> Tuple[List[Png], List[str]]:
 
 
 # ---- skipping --------------------------------------------------------------------------------
+def _finish_snapshot_panel(ax: Any, drawn: bool, ylabel: str) -> None:
+    """Legend (or the no-data note), axis labels and grid of a panel drawn from snapshot records."""
+    if drawn:
+        ax.legend(fontsize=7)
+    else:
+        _empty(ax, "no Slipstream records")
+    ax.set_xlabel("wall time since start (s)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+
+
 def skipping(runs: List[Run]) -> Tuple[List[Png], List[str]]:
     """Skip fraction, threshold T, hot/stale rows and the target D over time, one color per run
     (lines: train records, markers: Slipstream snapshot records; on the D panel, the quality
@@ -131,13 +142,7 @@ def skipping(runs: List[Run]) -> Tuple[List[Png], List[str]]:
                 ax.plot(xs, ys, color=_color(i), linestyle=style, marker=".",
                         label=f"{run.label} {key.split('_')[0]}")
                 drawn = True
-    if drawn:
-        ax.legend(fontsize=7)
-    else:
-        _empty(ax, "no Slipstream records")
-    ax.set_xlabel("wall time since start (s)")
-    ax.set_ylabel("rows, all tables (solid: hot, dotted: stale)")
-    ax.grid(alpha=0.3)
+    _finish_snapshot_panel(ax, drawn, "rows, all tables (solid: hot, dotted: stale)")
     ax = axes[3]
     drawn = False
     for i, run in enumerate(runs):
@@ -150,13 +155,7 @@ def skipping(runs: List[Run]) -> Tuple[List[Png], List[str]]:
             if isinstance(q, dict) and _finite(r.get("time")) and _finite(q.get("target_after")):
                 ax.plot(r["time"], q["target_after"], color=_color(i), linestyle="none",
                         marker="^" if q.get("better") else "v", ms=6)
-    if drawn:
-        ax.legend(fontsize=7)
-    else:
-        _empty(ax, "no Slipstream records")
-    ax.set_xlabel("wall time since start (s)")
-    ax.set_ylabel("target D (quality check: ^ raised, v lowered)")
-    ax.grid(alpha=0.3)
+    _finish_snapshot_panel(ax, drawn, "target D (quality check: ^ raised, v lowered)")
     axes[0].legend(fontsize=8)
     fig.suptitle("Skipping over time (lines: train records, dots: snapshots)")
     return [_png(fig, "skipping.png", "Skip fraction, threshold T, hot/stale rows and target D over time")], notes
