@@ -32,6 +32,15 @@ class Policy(Enum):
         return self in (Policy.paper, Policy.paper_plus, Policy.random)
 
 
+class Action(Enum):
+    """What a tracking policy does with an input whose lookups are all stale."""
+
+    skip = "skip"  # drop it (the paper): no lookup, no communication, no dense compute
+    # Answer its embeddings from the local replica of the stale rows (slipstream/replica.py): no
+    # embedding communication, and the dense network still trains on it. Nothing is dropped.
+    serve = "serve"
+
+
 class ChangeMetric(Enum):
     linf = "linf"  # largest absolute change of any element of the row (the paper's)
     rel_l2 = "rel_l2"  # L2 norm of the row's change / L2 norm of the row
@@ -43,6 +52,9 @@ class SlipstreamConfig:
 
     # off, track_only, paper, paper_plus or random (the control).
     policy: Policy = Policy.off
+    # What paper / paper_plus do with an input whose lookups are all stale: skip (drop it) or
+    # serve (answer it from a local replica of the stale rows, train the dense layers on it).
+    action: Action = Action.skip
 
     # --- hot-row discovery (on every shard, from what it looks up after the input all-to-all)
     # Lookups are counted during the first count_steps steps; hot rows are chosen at that step.
@@ -177,4 +189,26 @@ class SlipstreamConfig:
                 "(or raise slipstream.count_steps)",
             )
         )
+        if self.action is Action.serve:
+            # Serving answers a sample only when every lookup is a replica row, trains every
+            # sample at weight 1 and keeps the skip machinery out of it.
+            why = "slipstream.action=serve"
+            checks += [
+                ("policy", self.policy in (Policy.paper, Policy.paper_plus),
+                 f"paper or paper_plus with {why} (slipstream=serve): the others keep no stale set to serve"),
+                ("alpha", self.alpha == 1.0, f"1.0 with {why}: a sample is served only when all of its lookups are stale"),
+                ("keep_probability", self.keep_probability == 0, f"0 with {why}: nothing is dropped, so no sample is weighted back"),
+                ("negatives_only", not self.negatives_only, f"false with {why}: served samples of both labels still train"),
+                ("max_skip_fraction", self.max_skip_fraction == 1.0, f"1.0 with {why}: nothing is skipped"),
+                ("quality_check", not self.quality_check, f"false with {why}: it steers how many inputs are dropped"),
+            ]  # fmt: skip
         check_fields("slipstream", self, checks)
+
+    @property
+    def skips(self) -> bool:
+        """Whether the policy drops inputs (a skipping policy whose action is skip)."""
+        return self.policy.skips and self.action is Action.skip
+
+    @property
+    def serves(self) -> bool:
+        return self.action is Action.serve

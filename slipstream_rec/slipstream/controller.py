@@ -39,6 +39,9 @@ from slipstream_rec.slipstream.classify import (
     threshold_for_target,
 )
 from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
+from slipstream_rec.slipstream.push import ServedGradients
+from slipstream_rec.slipstream.replica import StaleReplica
+from slipstream_rec.slipstream.serving import ServePlan
 from slipstream_rec.slipstream.lockstep import lockstep
 from slipstream_rec.slipstream.quality import QualityGovernor, QualityStats, group_stats
 from slipstream_rec.slipstream.rows import RowIndex, RowState
@@ -95,6 +98,17 @@ class SlipstreamController:
             else None
         )
         self.budget = hot_budget_bytes(cfg.hot_budget_mb)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if cfg.serves:
+            # The hot rows' snapshots (one copy over all shards) and the replica of the stale
+            # ones (a copy on every rank, stale rows being hot rows) share the budget: hot rows
+            # chosen within budget / (1 + world) keep both within it.
+            self.budget //= 1 + world
+        # serve: the local replica of the stale rows, rebuilt at every snapshot (all ranks).
+        self.replica = self._make_replica(feature_names) if cfg.serves else None
+        self.plan = ServePlan(self.replica)
+        self.served_grads = ServedGradients(self.index, self.replica.dim) if self.replica is not None else None
+        self._feature_names = list(feature_names)
         self._count_every = max(1, round(1.0 / cfg.count_fraction))
         self.decider = SkipDecider(
             self.index,
@@ -106,7 +120,7 @@ class SlipstreamController:
             max_skip_fraction=cfg.max_skip_fraction,
             window_samples=cfg.window_samples,
             seed=seed * 1000 + rank,  # independent draws per rank, reproducible per run
-            enabled=cfg.policy.skips,
+            enabled=cfg.skips,
             negatives_only=cfg.negatives_only,
             random_fraction=cfg.random_skip_fraction,
             negative_downsampling=cfg.negative_downsampling,
@@ -118,7 +132,9 @@ class SlipstreamController:
         # control of a run starts skipping at that run's step (slipstream.warmup_steps).
         self.first_skip_step: Optional[int] = None
         self.hot_selection: Optional[Dict[str, Any]] = None
-        self.seconds = {"count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0, "quality": 0.0}
+        self.seconds = {
+            "count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0, "quality": 0.0, "push": 0.0,
+        }  # fmt: skip
         self.quality = (
             QualityGovernor(
                 cfg.target_skip_fraction, cfg.quality_step, cfg.quality_min_gain, cfg.quality_z,
@@ -132,6 +148,22 @@ class SlipstreamController:
         self.scorer: Optional[Callable[[Batch], torch.Tensor]] = None
         if self.tracker is not None:
             self.tracker.set_counting(self._counts_step(1))
+
+    def _make_replica(self, feature_names: List[str]) -> StaleReplica:
+        """The replica, on the training device, with the embedding dim every table shares.
+        Collective (all ranks): a MAX all-reduce of the dim, as a rank may hold no shard."""
+        assert self.tracker is not None, "serve is validated to need a tracking policy"
+        units = self.tracker.units
+        dims = {u.table: u.col_offset + u.cols for u in units}
+        local = max(dims.values()) if dims else 0
+        dim = int(all_reduce_(torch.tensor([local], dtype=torch.int64), dist.ReduceOp.MAX).item())
+        if any(d != dim for d in dims.values()):
+            raise ValueError(
+                "slipstream.action=serve needs one embedding dim for every table (model.embedding_dim); "
+                f"the tables here have {sorted(set(dims.values()))}"
+            )
+        device = units[0].weights.device if units else torch.device("cpu")
+        return StaleReplica(self.index, dim, device)
 
     # ---- data side --------------------------------------------------------------------------
     def _past_warmup(self) -> bool:
@@ -149,11 +181,11 @@ class SlipstreamController:
 
     def _decide(self, batch: Batch) -> Any:
         t0 = time.perf_counter()
-        if self.cfg.policy is Policy.off:  # keep all, classify nothing
+        if self.cfg.policy is Policy.off or self.cfg.serves:  # keep all, classify nothing here
             out = torch.ones(batch.batch_size, dtype=torch.bool), torch.ones(batch.batch_size)
         else:
             out = self.decider(batch)
-            if self.first_skip_step is None and self.cfg.policy.skips and not bool(out[0].all()):
+            if self.first_skip_step is None and self.cfg.skips and not bool(out[0].all()):
                 self.first_skip_step = self.step
         self.seconds["classify"] += time.perf_counter() - t0
         return out
@@ -176,7 +208,7 @@ class SlipstreamController:
         )
         if stream_state is not None:
             self.stream.load_state_dict(stream_state)
-        return lockstep(self.stream, on_drop=self._dropped, every=lockstep_every)
+        return lockstep(self.stream, on_drop=self._dropped, every=lockstep_every, plan=self.plan)
 
     def _dropped(self, n: int) -> None:
         self._streams_done["dropped"] += n
@@ -190,6 +222,26 @@ class SlipstreamController:
             self.stream = None
 
     # ---- step side (collectives on shared step numbers) -------------------------------------
+    def _snapshot_step(self, step: int) -> bool:
+        since = step - self.cfg.count_steps
+        return since >= 0 and since % self.cfg.snapshot_interval == 0
+
+    def after_backward(self, task: Any) -> None:
+        """Called by every rank after the backward of each training step, before its optimizer
+        step (``serve`` only does anything). Takes the gradient the served samples' pooled
+        embeddings received, adds it to their rows' sums and, on a snapshot step (the same on
+        every rank), pushes the sums through the shards (``push.py``: collective, all ranks),
+        before ``after_step`` snapshots them."""
+        if self.served_grads is None:
+            return
+        served = task.take_served()
+        if served is not None and served[1].grad is not None:
+            self.served_grads.add(served[0], served[1].grad)
+        if self._snapshot_step(self.step + 1):  # the step being trained: the same on every rank
+            t0 = time.perf_counter()
+            self.served_grads.push(self.tracker.modules[0], self._feature_names)  # all ranks: a collective
+            self.seconds["push"] += time.perf_counter() - t0
+
     def _counts_step(self, step: int) -> bool:
         return step <= self.cfg.count_steps and step % self._count_every == 0
 
@@ -225,6 +277,13 @@ class SlipstreamController:
             if not cfg.reactivate and self.threshold is not None:
                 stale = self.row_state.stale_keys(self.threshold)
                 self._frozen_keys = torch.unique(torch.cat([self._frozen_keys, stale]))
+        if self.replica is not None:
+            # All ranks (the stale set is the same on every rank): the replica follows it, so a
+            # row that moved again (change >= T) leaves it here. Before the first threshold, or
+            # in the warm-up, nothing is stale and the replica stays empty.
+            active = self._active_threshold()
+            stale = self.row_state.stale_keys(active) if active is not None else torch.zeros(0, dtype=torch.int64)
+            self.replica.rebuild(self.tracker.units, stale, self.tracker.feature_index)
         t3 = time.perf_counter()
         quality_s = decision["seconds"] if decision else 0.0
         self.seconds["sync"] += (t1 - t0) + (t3 - t2) - quality_s
@@ -317,6 +376,8 @@ class SlipstreamController:
             "decider": self.decider.state_dict(),
             "quality": self.quality.state_dict() if self.quality is not None else None,
             "tracker": self.tracker.state_dict() if self.tracker is not None else None,
+            "serving": self.plan.state_dict(),
+            "served_grads": self.served_grads.state_dict() if self.served_grads is not None else None,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> bool:
@@ -361,6 +422,10 @@ class SlipstreamController:
                     "on. Fix: resume with slipstream.quality_check=false, or start a new run directory"
                 )
             self.quality.load_state_dict(state["quality"])
+        if "serving" in state:
+            self.plan.load_state_dict(state["serving"])
+        if self.served_grads is not None and state.get("served_grads") is not None:
+            self.served_grads.load_state_dict(state["served_grads"], self.replica.device)
         exact = True
         if self.tracker is not None:
             exact = self.tracker.load_state_dict(state["tracker"])
@@ -406,6 +471,9 @@ class SlipstreamController:
             # what the classifier and safeguards decided, whether or not the policy skips
             # (track_only: what paper_plus would have skipped on the same stream)
             "samples_would_skip": int(self.decider.totals.skipped),  # 0 under off: never asked
+            # serve: samples (and their lookups) answered from the replica; 0 for every other action
+            "samples_served": self.plan.samples_served,
+            "lookups_served": self.plan.lookups_served,
         }
 
     def global_counters(self) -> Dict[str, int]:
@@ -428,7 +496,16 @@ class SlipstreamController:
             "target_skip_fraction": self.target_skip_fraction(),
             "count_seconds": self.count_seconds(),
             **{f"{k}_seconds": v for k, v in self.seconds.items() if k != "count"},
+            "serve_seconds": self.plan.seconds,
         }
+        if self.replica is not None:
+            record.update(
+                replica_rows=self.replica.rows,
+                replica_bytes=self.replica.nbytes(),
+                replica_joined=self.replica.joined,
+                replica_left=self.replica.left,
+                served_fraction=self.plan.samples_served / max(1, self.plan.samples_split),
+            )
         if self.threshold is not None:
             stale = self.row_state.stale_keys(self.threshold)  # O(hot rows)
             record["stale_rows"] = int(stale.numel())
@@ -444,8 +521,11 @@ class SlipstreamController:
 
     def state_bytes(self) -> int:
         """Bytes of this rank's Slipstream per-row state now: the tracker's (hot keys, counts, hot
-        rows, snapshots), the published changes with their lookup view, the frozen keys."""
+        rows, snapshots), the published changes with their lookup view, the frozen keys, the
+        replica (serve)."""
         held = self.row_state.nbytes() + self._frozen_keys.numel() * 8
+        if self.replica is not None:
+            held += self.replica.nbytes()
         if self.tracker is not None:
             held += self.tracker.state_bytes()
         return int(held)

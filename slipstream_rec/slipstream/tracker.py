@@ -67,6 +67,11 @@ class StalenessTracker:
         self.hot_keys = torch.zeros(0, dtype=torch.int64)  # global flat keys of the hot rows, sorted
         self.peak_bytes = 0  # largest state_bytes() seen, transient copies and gathers included
 
+    @property
+    def feature_index(self) -> Dict[str, int]:
+        """Feature name -> its position in the row index (the flat key layout)."""
+        return self._feature_idx
+
     # ---- counting -------------------------------------------------------------------------
     def set_counting(self, on: bool) -> None:
         for module in self.modules:
