@@ -65,6 +65,12 @@ class SlipstreamConfig:
     hot_budget_mb: float = 256.0
     # A row needs at least this many counted lookups to be hot.
     min_count: int = 2
+    # Steps between two choices of the hot set after the first (a multiple of snapshot_interval;
+    # 0: chosen once, at count_steps, as in the paper). Lookups go on being counted on
+    # count_fraction of the steps, and at every such step the hot set is chosen again from the
+    # lookups of the window since the last choice, within the same budget: rows join and leave
+    # as the log drifts.
+    hot_refresh_steps: int = 0
 
     # --- snapshots and staleness
     # Steps between snapshots of the hot rows; the first is taken when hot rows are chosen.
@@ -144,6 +150,11 @@ class SlipstreamConfig:
             ("count_steps", self.count_steps >= 1, "a positive step count"),
             ("count_fraction", 0 < self.count_fraction <= 1, "a fraction in (0, 1]"),
             ("min_count", self.min_count >= 1, "at least 1"),
+            (
+                "hot_refresh_steps",
+                self.hot_refresh_steps >= 0 and self.hot_refresh_steps % self.snapshot_interval == 0,
+                f"0 (choose the hot set once) or a multiple of slipstream.snapshot_interval={self.snapshot_interval}",
+            ),
             ("snapshot_interval", self.snapshot_interval >= 1, "a positive step count"),
             ("target_skip_fraction", 0 <= self.target_skip_fraction <= 1, "a fraction in [0, 1]"),
             ("max_threshold", self.max_threshold >= 0, "0 or more"),

@@ -39,8 +39,7 @@ from slipstream_rec.slipstream.classify import (
     threshold_for_target,
 )
 from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
-from slipstream_rec.slipstream.push import ServedGradients
-from slipstream_rec.slipstream.replica import StaleReplica
+from slipstream_rec.slipstream.server import StaleServer
 from slipstream_rec.slipstream.serving import ServePlan
 from slipstream_rec.slipstream.lockstep import lockstep
 from slipstream_rec.slipstream.quality import QualityGovernor, QualityStats, group_stats
@@ -104,11 +103,9 @@ class SlipstreamController:
             # ones (a copy on every rank, stale rows being hot rows) share the budget: hot rows
             # chosen within budget / (1 + world) keep both within it.
             self.budget //= 1 + world
-        # serve: the local replica of the stale rows, rebuilt at every snapshot (all ranks).
-        self.replica = self._make_replica(feature_names) if cfg.serves else None
-        self.plan = ServePlan(self.replica)
-        self.served_grads = ServedGradients(self.index, self.replica.dim) if self.replica is not None else None
-        self._feature_names = list(feature_names)
+        # serve: the replica of the stale rows and what serving owes (collective: all ranks).
+        self.server = StaleServer(self.tracker, self.index, feature_names) if cfg.serves else None
+        self.plan = self.server.plan if self.server is not None else ServePlan()
         self._count_every = max(1, round(1.0 / cfg.count_fraction))
         self.decider = SkipDecider(
             self.index,
@@ -132,8 +129,9 @@ class SlipstreamController:
         # control of a run starts skipping at that run's step (slipstream.warmup_steps).
         self.first_skip_step: Optional[int] = None
         self.hot_selection: Optional[Dict[str, Any]] = None
+        self.hot_turnover: List[Dict[str, int]] = []  # one entry per later choice of the hot set
         self.seconds = {
-            "count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0, "quality": 0.0, "push": 0.0,
+            "count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0, "quality": 0.0,
         }  # fmt: skip
         self.quality = (
             QualityGovernor(
@@ -148,22 +146,6 @@ class SlipstreamController:
         self.scorer: Optional[Callable[[Batch], torch.Tensor]] = None
         if self.tracker is not None:
             self.tracker.set_counting(self._counts_step(1))
-
-    def _make_replica(self, feature_names: List[str]) -> StaleReplica:
-        """The replica, on the training device, with the embedding dim every table shares.
-        Collective (all ranks): a MAX all-reduce of the dim, as a rank may hold no shard."""
-        assert self.tracker is not None, "serve is validated to need a tracking policy"
-        units = self.tracker.units
-        dims = {u.table: u.col_offset + u.cols for u in units}
-        local = max(dims.values()) if dims else 0
-        dim = int(all_reduce_(torch.tensor([local], dtype=torch.int64), dist.ReduceOp.MAX).item())
-        if any(d != dim for d in dims.values()):
-            raise ValueError(
-                "slipstream.action=serve needs one embedding dim for every table (model.embedding_dim); "
-                f"the tables here have {sorted(set(dims.values()))}"
-            )
-        device = units[0].weights.device if units else torch.device("cpu")
-        return StaleReplica(self.index, dim, device)
 
     # ---- data side --------------------------------------------------------------------------
     def _past_warmup(self) -> bool:
@@ -228,22 +210,23 @@ class SlipstreamController:
 
     def after_backward(self, task: Any) -> None:
         """Called by every rank after the backward of each training step, before its optimizer
-        step (``serve`` only does anything). Takes the gradient the served samples' pooled
-        embeddings received, adds it to their rows' sums and, on a snapshot step (the same on
-        every rank), pushes the sums through the shards (``push.py``: collective, all ranks),
-        before ``after_step`` snapshots them."""
-        if self.served_grads is None:
-            return
-        served = task.take_served()
-        if served is not None and served[1].grad is not None:
-            self.served_grads.add(served[0], served[1].grad)
-        if self._snapshot_step(self.step + 1):  # the step being trained: the same on every rank
-            t0 = time.perf_counter()
-            self.served_grads.push(self.tracker.modules[0], self._feature_names)  # all ranks: a collective
-            self.seconds["push"] += time.perf_counter() - t0
+        step; only ``serve`` acts there (``StaleServer.after_backward``: on a snapshot step, a
+        collective that pushes the served samples' row gradients before ``after_step``
+        snapshots the rows)."""
+        if self.server is not None:
+            self.server.after_backward(task, self._snapshot_step(self.step + 1))  # the step trained
 
     def _counts_step(self, step: int) -> bool:
-        return step <= self.cfg.count_steps and step % self._count_every == 0
+        window = step <= self.cfg.count_steps or self.cfg.hot_refresh_steps > 0
+        return window and step % self._count_every == 0
+
+    def _served_counts(self) -> Any:
+        return self.server.take_counts() if self.server is not None else None
+
+    def _refresh_step(self, step: int) -> bool:
+        since = step - self.cfg.count_steps
+        every = self.cfg.hot_refresh_steps
+        return every > 0 and since > 0 and since % every == 0
 
     def after_step(self, step: int) -> Optional[Dict[str, Any]]:
         """Called by every rank after each step; returns a record to log, or None."""
@@ -257,7 +240,7 @@ class SlipstreamController:
             return None
         t0 = time.perf_counter()
         if since == 0:
-            sel = self.tracker.select_hot(self.budget, int(cfg.min_count))
+            sel = self.tracker.select_hot(self.budget, int(cfg.min_count), self._served_counts())
             self.hot_selection = sel.__dict__
             if self.is_rank0:
                 logger.info(
@@ -266,6 +249,15 @@ class SlipstreamController:
                 )
         t1 = time.perf_counter()
         measured = self.tracker.snapshot()
+        if self._refresh_step(step):  # all ranks: the same step numbers
+            sel, joined, left = self.tracker.reselect_hot(self.budget, int(cfg.min_count), self._served_counts())
+            self.hot_selection = sel.__dict__
+            self.hot_turnover.append({"step": step, "hot_rows": sel.hot_rows, "joined": joined, "left": left})
+            if self.is_rank0:
+                logger.info(
+                    "slipstream: hot set chosen again at step %d: %d rows (%d joined, %d left)",
+                    step, sel.hot_rows, joined, left,
+                )
         t2 = time.perf_counter()
         decision = None
         if measured:
@@ -277,13 +269,13 @@ class SlipstreamController:
             if not cfg.reactivate and self.threshold is not None:
                 stale = self.row_state.stale_keys(self.threshold)
                 self._frozen_keys = torch.unique(torch.cat([self._frozen_keys, stale]))
-        if self.replica is not None:
+        if self.server is not None:
             # All ranks (the stale set is the same on every rank): the replica follows it, so a
             # row that moved again (change >= T) leaves it here. Before the first threshold, or
             # in the warm-up, nothing is stale and the replica stays empty.
             active = self._active_threshold()
             stale = self.row_state.stale_keys(active) if active is not None else torch.zeros(0, dtype=torch.int64)
-            self.replica.rebuild(self.tracker.units, stale, self.tracker.feature_index)
+            self.server.rebuild(stale)
         t3 = time.perf_counter()
         quality_s = decision["seconds"] if decision else 0.0
         self.seconds["sync"] += (t1 - t0) + (t3 - t2) - quality_s
@@ -293,6 +285,8 @@ class SlipstreamController:
         record["peak_state_bytes"] = self.peak_state_bytes()
         if decision is not None:
             record["quality"] = decision
+        if self.hot_turnover and self.hot_turnover[-1]["step"] == step:
+            record["hot_turnover"] = self.hot_turnover[-1]
         return record
 
     def _choose_threshold(self) -> Optional[Dict[str, Any]]:
@@ -370,14 +364,14 @@ class SlipstreamController:
             "row_state": self.row_state.state_dict(),
             "frozen_keys": self._frozen_keys.clone(),
             "hot_selection": self.hot_selection,
+            "hot_turnover": list(self.hot_turnover),
             "seconds": dict(self.seconds),
             "count_seconds": [m.count_seconds for m in self.tracker.modules] if self.tracker else [],
             "streams_done": dict(self._streams_done),
             "decider": self.decider.state_dict(),
             "quality": self.quality.state_dict() if self.quality is not None else None,
             "tracker": self.tracker.state_dict() if self.tracker is not None else None,
-            "serving": self.plan.state_dict(),
-            "served_grads": self.served_grads.state_dict() if self.served_grads is not None else None,
+            "server": self.server.state_dict() if self.server is not None else None,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> bool:
@@ -412,6 +406,7 @@ class SlipstreamController:
             self.row_state.replace(hot, change[hot])
             self._frozen_keys = state["frozen_stale"].nonzero().flatten()
         self.hot_selection = state["hot_selection"]
+        self.hot_turnover = list(state.get("hot_turnover", []))
         self.seconds.update(state["seconds"])
         self._streams_done.update(state["streams_done"])
         self.decider.load_state_dict(state["decider"])
@@ -422,10 +417,14 @@ class SlipstreamController:
                     "on. Fix: resume with slipstream.quality_check=false, or start a new run directory"
                 )
             self.quality.load_state_dict(state["quality"])
-        if "serving" in state:
-            self.plan.load_state_dict(state["serving"])
-        if self.served_grads is not None and state.get("served_grads") is not None:
-            self.served_grads.load_state_dict(state["served_grads"], self.replica.device)
+        if (state.get("server") is None) != (self.server is None):
+            raise ValueError(
+                "the checkpoint was written with another slipstream.action than this run's "
+                f"({self.cfg.action.value}). Fix: resume with the action the run started with, or "
+                "start a new run directory"
+            )
+        if self.server is not None:
+            self.server.load_state_dict(state["server"])
         exact = True
         if self.tracker is not None:
             exact = self.tracker.load_state_dict(state["tracker"])
@@ -497,15 +496,10 @@ class SlipstreamController:
             "count_seconds": self.count_seconds(),
             **{f"{k}_seconds": v for k, v in self.seconds.items() if k != "count"},
             "serve_seconds": self.plan.seconds,
+            "push_seconds": self.server.push_seconds if self.server is not None else 0.0,
         }
-        if self.replica is not None:
-            record.update(
-                replica_rows=self.replica.rows,
-                replica_bytes=self.replica.nbytes(),
-                replica_joined=self.replica.joined,
-                replica_left=self.replica.left,
-                served_fraction=self.plan.samples_served / max(1, self.plan.samples_split),
-            )
+        if self.server is not None:
+            record.update(self.server.record())
         if self.threshold is not None:
             stale = self.row_state.stale_keys(self.threshold)  # O(hot rows)
             record["stale_rows"] = int(stale.numel())
@@ -524,8 +518,8 @@ class SlipstreamController:
         rows, snapshots), the published changes with their lookup view, the frozen keys, the
         replica (serve)."""
         held = self.row_state.nbytes() + self._frozen_keys.numel() * 8
-        if self.replica is not None:
-            held += self.replica.nbytes()
+        if self.server is not None:
+            held += self.server.nbytes()
         if self.tracker is not None:
             held += self.tracker.state_bytes()
         return int(held)
@@ -541,4 +535,5 @@ class SlipstreamController:
         return sum(m.count_seconds for m in self.tracker.modules)
 
     def overhead_seconds(self) -> float:
-        return self.count_seconds() + sum(v for k, v in self.seconds.items() if k != "count")
+        push = self.server.push_seconds if self.server is not None else 0.0
+        return self.count_seconds() + push + sum(v for k, v in self.seconds.items() if k != "count")

@@ -225,7 +225,7 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         self.counting: bool = False  # set by the tracker on sampled steps
         self.count_seconds: float = 0.0  # time spent counting (Slipstream overhead)
         self._units: Optional[List[ShardUnit]] = None
-        self._calls = 0  # training calls of compute_and_output_dist
+        self.calls = 0  # training calls of compute_and_output_dist
         # rows the local shards looked up (and so update) per step, summed over measured steps
         self.rows_updated = {"steps": 0, "rows": 0}
         # The output dists' own collectives are created on their first call: meter the output
@@ -277,9 +277,9 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         if self.training:
             if self.counting:
                 self.count_lookups(input)
-            if self._calls % ROWS_UPDATED_EVERY == 0:
+            if self.calls % ROWS_UPDATED_EVERY == 0:
                 self._measure_rows_updated(input)
-            self._calls += 1
+            self.calls += 1
         return super().compute_and_output_dist(ctx, input)
 
     @torch.no_grad()

@@ -52,7 +52,8 @@ def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained
     for m in _modules(model):
         rows["steps"] = max(rows["steps"], m.rows_updated["steps"])
         rows["rows"] += m.rows_updated["rows"]
-    replica = controller.replica
+    server = controller.server
+    replica = server.replica if server is not None else None
     c = controller.plan.counters()
     values = [float(a2a[k]) for k in A2A_KINDS] + [
         float(c["samples_served"]), float(c["lookups_served"]),
@@ -74,6 +75,26 @@ def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained
             "rows": replica.rows,
             "bytes_per_rank": replica.nbytes(),
             "rebuilds": replica.rebuilds,
+            "pushes": server.grads.pushes,
+            "rows_pushed_per_rank": server.grads.rows_pushed,
             "sync_bytes_per_sample": round(sync / samples_trained, 3) if samples_trained else 0.0,
         },
     }
+
+
+def traffic_state(model: nn.Module) -> List[Dict[str, Any]]:
+    """This rank's meters (for checkpoints: a resumed run reports the bytes of the whole run)."""
+    return [
+        {"a2a_bytes": dict(m.a2a_bytes), "rows_updated": dict(m.rows_updated), "calls": m.calls}
+        for m in _modules(model)
+    ]
+
+
+def load_traffic_state(model: nn.Module, state: List[Dict[str, Any]]) -> None:
+    modules = _modules(model)
+    if len(state) != len(modules):  # another model: the meters start over
+        return
+    for m, s in zip(modules, state):
+        m.a2a_bytes.update(s["a2a_bytes"])
+        m.rows_updated.update(s["rows_updated"])
+        m.calls = int(s["calls"])

@@ -23,7 +23,13 @@ from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.config import PipelineKind, Precision, TrainerConfig
 from slipstream_rec.training.embedding_cache import embedding_cache_summary
-from slipstream_rec.training.embedding_traffic import embedding_traffic_summary, local_a2a_bytes, per_sample
+from slipstream_rec.training.embedding_traffic import (
+    embedding_traffic_summary,
+    load_traffic_state,
+    local_a2a_bytes,
+    per_sample,
+    traffic_state,
+)
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
 
@@ -423,6 +429,7 @@ class Trainer:
             "rng": capture_rng(),
             "slipstream": self.slipstream.state_dict(),
             "position": position,
+            "traffic": traffic_state(self.model),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> Dict[str, Any]:
@@ -439,6 +446,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         restore_rng(state["rng"])
         tracking_exact = self.slipstream.load_state_dict(state["slipstream"])
+        load_traffic_state(self.model, state.get("traffic", []))
         pos = state["position"]
         same_data = (
             state.get("same_world_size", False)
@@ -524,6 +532,7 @@ class Trainer:
             "time_breakdown_rank0": {k: round(v, 3) for k, v in self.time_breakdown().items()},
             "slipstream": {
                 "hot_selection": self.slipstream.hot_selection,
+                "hot_turnover": self.slipstream.hot_turnover,
                 "hot_rows_per_table": slip.get("hot_rows_per_table"),
                 "stale_rows_per_table": slip.get("stale_rows_per_table"),
                 "threshold_info": slip.get("threshold_info"),

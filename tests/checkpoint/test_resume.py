@@ -269,3 +269,37 @@ def test_lockstep_every_k_steps_resumes_bit_identical_from_inside_a_window(tmp_p
     assert ref["samples_skipped"] > 0
     assert {k: got[k] for k in COUNTERS} == {k: ref[k] for k in COUNTERS}
     _assert_same_state(_final_state(ref_dir, tmp_path), _final_state(run_dir, tmp_path))
+
+
+SERVE = [*(x for x in SLIPSTREAM if not x.startswith("slipstream=")), "slipstream=serve"]
+SERVE_COUNTERS = [*COUNTERS, "samples_served", "lookups_served", "served_fraction"]
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_serve_resumes_bit_identical_from_a_mid_run_checkpoint(tmp_path, data_root, every):
+    """slipstream=serve killed at step 21 and resumed from step 16: the replica, the served
+    samples' gradient sums not pushed yet (snapshots at 6, 10, 14, 18, ...), the split batches in
+    flight and, with lock-step every 3, the agreed sharded sizes of the window must all come back
+    for the run to end as the uninterrupted one, byte counters included: the resumed run sends the
+    ids of the two batches that were in flight once more (the pipeline's input all-to-all runs
+    again for them), and nothing else."""
+    common = [*SERVE, f"data.root={data_root}", f"trainer.lockstep_every_steps={every}"]
+    ref_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    _torchrun([*common, f"trainer.run_dir={ref_dir}"])
+    fault = {"SLIPSTREAM_FAULT_STEP": "21", "SLIPSTREAM_FAULT_RANK": "1"}
+    _torchrun(
+        [*common, f"trainer.run_dir={run_dir}"],
+        env=fault,
+        launcher=[str(BIN / "torchrun"), "--standalone", "--max-restarts", "1", "--nproc_per_node", "2"],
+    )
+    ref, got = _summary(ref_dir), _summary(run_dir)
+    assert got["resumed_from"]["step"] == 16
+    assert got["resumed_from"]["data_position_exact"] and got["resumed_from"]["slipstream_tracking_exact"]
+    assert ref["samples_served"] > 0 and ref["samples_skipped"] == 0
+    assert {k: got[k] for k in SERVE_COUNTERS} == {k: ref[k] for k in SERVE_COUNTERS}
+    ref_bytes, got_bytes = ref["a2a_bytes_per_sample"], got["a2a_bytes_per_sample"]
+    assert got_bytes["output"] == ref_bytes["output"] and got_bytes["gradient"] == ref_bytes["gradient"]
+    resent = (got_bytes["input"] - ref_bytes["input"]) * ref["samples_trained"]
+    step_input = ref_bytes["input"] * ref["samples_trained"] / ref["steps"]
+    assert 0 < resent <= 2 * 1.5 * step_input, (resent, step_input)  # two steps' ids, with margin
+    _assert_same_state(_final_state(ref_dir, tmp_path), _final_state(run_dir, tmp_path))

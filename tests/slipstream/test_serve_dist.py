@@ -169,3 +169,67 @@ def test_with_frozen_tables_serving_changes_no_row():
     results = run_workers(serve_step_worker, world_size=WORLD, kind="table_wise", lr=0.0)
     assert all(r["moved"] == 0 for r in results)
     assert sum(r["served"] for r in results) > 0
+
+
+def _source(rank: int, batches: int = 40):
+    for _ in range(batches):
+        yield _slice_batch(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+
+
+def reactivation_worker(env):
+    from slipstream_rec.distributed import gather_varlen
+    from slipstream_rec.slipstream.config import Action, Policy, SlipstreamConfig
+    from slipstream_rec.slipstream.controller import SlipstreamController
+    from tests.slipstream.test_tracking_dist import _sharded
+
+    dmp, modules = _sharded("row_wise")
+    cfg = SlipstreamConfig(
+        policy=Policy.paper_plus, action=Action.serve, count_steps=2, count_fraction=0.5, min_count=1,
+        snapshot_interval=2, target_skip_fraction=0.5, max_threshold=0.1, threshold_sample_size=1000,
+        lookahead_batches=2,
+    )  # fmt: skip
+    ctl = SlipstreamController(cfg, dmp, FEATURES, ROWS, LOCAL_BATCH, seed=0, rank=env.rank)
+    stream = ctl.wrap(_source(env.rank))
+
+    def step(n):
+        batch = next(stream)
+        loss, _ = dmp(batch)
+        loss.backward()
+        ctl.after_backward(dmp.module)
+        return ctl.after_step(n), batch
+
+    for n in (1, 2, 3):
+        step(n)
+    assert ctl.server.replica.rows == 0  # one snapshot: no change measured, nothing stale yet
+    record, _ = step(4)
+    stale = ctl.row_state.stale_keys(ctl.threshold)
+    assert stale.numel() > 0 and torch.equal(ctl.server.replica.keys, stale)  # the replica is the stale set
+    assert record["replica_rows"] == stale.numel()
+    # every rank holds the same values, and they are the rows of this rank's shards
+    values = ctl.server.replica.values
+    assert torch.equal(gather_varlen(values.view(-1)), values.view(-1).repeat(WORLD))
+    for unit in modules[0].units:
+        first = int(ctl.index.offsets[FEATURES.index(unit.feature)]) + unit.row_offset
+        pos = ((ctl.server.replica.keys >= first) & (ctl.server.replica.keys < first + unit.rows)).nonzero().view(-1)
+        local = ctl.server.replica.keys[pos] - first
+        torch.testing.assert_close(values[pos][:, unit.col_offset : unit.col_offset + unit.cols], unit.weights[local])
+
+    _, batch5 = step(5)
+    assert batch5.served_pooled is not None and ctl.server.plan.samples_served > 0
+    # f0's hot rows move a lot before the next snapshot: they leave the replica (re-activation)
+    f0 = ctl.index.to_flat(0, torch.arange(ROWS[0]))
+    in_replica = torch.isin(ctl.server.replica.keys, f0)
+    assert bool(in_replica.any()), "some of f0's rows are served before they move"
+    with torch.no_grad():
+        for unit in modules[0].units:
+            if unit.feature == "f0" and unit.hot_rows is not None and unit.hot_rows.numel():
+                unit.weights[unit.hot_rows, 0] += 0.5
+    record, _ = step(6)
+    assert not bool(torch.isin(ctl.server.replica.keys, f0).any())
+    assert record["replica_left"] >= int(in_replica.sum())
+    return {"served": ctl.server.plan.samples_served, "replica": ctl.server.replica.rows}
+
+
+def test_the_replica_follows_the_stale_set_and_a_row_that_moves_again_leaves_it():
+    results = run_workers(reactivation_worker, world_size=WORLD)
+    assert len({r["replica"] for r in results}) == 1
