@@ -77,6 +77,11 @@ class SlipstreamConfig:
     snapshot_interval: int = 50
     # How a row's change between two snapshots is measured: linf (paper) or rel_l2.
     change_metric: ChangeMetric = ChangeMetric.linf
+    # serve: steps between two pushes of the served samples' row gradients to the shards, each
+    # followed by a fresh copy of the replica from the shards (a divisor of snapshot_interval;
+    # 0: at every snapshot). Smaller: served inputs read rows fewer steps old and stale rows get
+    # their served gradients sooner, for an all-gather of the replica and a push each time.
+    replica_sync_steps: int = 0
     # Re-decide staleness at every snapshot, so a stale row that moves again is re-activated.
     # false: a row found stale stays stale for the rest of training (the paper).
     reactivate: bool = True
@@ -156,6 +161,12 @@ class SlipstreamConfig:
                 f"0 (choose the hot set once) or a multiple of slipstream.snapshot_interval={self.snapshot_interval}",
             ),
             ("snapshot_interval", self.snapshot_interval >= 1, "a positive step count"),
+            (
+                "replica_sync_steps",
+                self.replica_sync_steps == 0
+                or (self.replica_sync_steps >= 1 and self.snapshot_interval % self.replica_sync_steps == 0),
+                f"0 (sync at every snapshot) or a divisor of slipstream.snapshot_interval={self.snapshot_interval}",
+            ),
             ("target_skip_fraction", 0 <= self.target_skip_fraction <= 1, "a fraction in [0, 1]"),
             ("max_threshold", self.max_threshold >= 0, "0 or more"),
             ("threshold_sample_size", self.threshold_sample_size >= 1, "a positive sample count"),

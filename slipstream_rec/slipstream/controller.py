@@ -208,13 +208,19 @@ class SlipstreamController:
         since = step - self.cfg.count_steps
         return since >= 0 and since % self.cfg.snapshot_interval == 0
 
+    def _sync_step(self, step: int) -> bool:
+        """serve: a step after which the served gradients are pushed and the replica re-copied
+        (every snapshot, and every ``replica_sync_steps`` in between)."""
+        since, every = step - self.cfg.count_steps, self.cfg.replica_sync_steps or self.cfg.snapshot_interval
+        return since >= 0 and since % every == 0
+
     def after_backward(self, task: Any) -> None:
         """Called by every rank after the backward of each training step, before its optimizer
         step; only ``serve`` acts there (``StaleServer.after_backward``: on a snapshot step, a
         collective that pushes the served samples' row gradients before ``after_step``
         snapshots the rows)."""
         if self.server is not None:
-            self.server.after_backward(task, self._snapshot_step(self.step + 1))  # the step trained
+            self.server.after_backward(task, self._sync_step(self.step + 1))  # the step trained
 
     def _counts_step(self, step: int) -> bool:
         window = step <= self.cfg.count_steps or self.cfg.hot_refresh_steps > 0
@@ -236,6 +242,9 @@ class SlipstreamController:
         cfg = self.cfg
         self.tracker.set_counting(self._counts_step(step + 1))
         since = step - cfg.count_steps
+        if self.server is not None and self._sync_step(step) and not self._snapshot_step(step):
+            # All ranks: the same rows copied again from the shards, which the push just updated.
+            self.server.rebuild(self.server.replica.keys)
         if since < 0 or since % cfg.snapshot_interval:
             return None
         t0 = time.perf_counter()
