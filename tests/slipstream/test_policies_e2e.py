@@ -74,11 +74,17 @@ def test_paper_plus_skips_a_substantial_fraction_and_keeps_accuracy(runs):
     s, _ = runs["paper_plus"]
     off, _ = runs["off"]
     assert s["skip_fraction"] > 0.05, s["skip_fraction"]
-    assert s["samples_skipped"] == round(s["skip_fraction"] * s["samples_seen"])
-    # every sample seen was trained, skipped, or dropped at the end (partial last batch)
-    assert s["samples_trained"] + s["samples_skipped"] + s["samples_dropped_at_end"] <= s["samples_seen"]
-    assert s["samples_seen"] - s["samples_trained"] - s["samples_skipped"] < 3 * 1024 * 2
-    assert s["steps"] < off["steps"]
+    # Counted apart (skipped by the decider, trained by the trainer per step, seen by the stream):
+    # every sample seen was trained in a full batch, skipped, dropped at the end (batches built
+    # ahead, a partial last batch), or is one of the fewer than a batch per rank still carried
+    # when the run ended on the other rank.
+    assert s["samples_trained"] == s["steps"] * 1024 * 2
+    carried = s["samples_seen"] - s["samples_trained"] - s["samples_skipped"] - s["samples_dropped_at_end"]
+    assert 0 <= carried < 2 * 1024, carried
+    # The same rows as off: what paper_plus skipped is what it saved in steps.
+    assert s["samples_seen"] <= off["samples_seen"]
+    unread = off["samples_seen"] - s["samples_seen"]
+    assert off["steps"] - s["steps"] == pytest.approx((s["samples_skipped"] + unread) / 2048, abs=3)
     assert abs(s["val_auc"] - off["val_auc"]) < AUC_TOLERANCE, (s["val_auc"], off["val_auc"])
     assert s["slipstream_overhead_seconds"] < 0.2 * s["train_seconds"]
 
