@@ -1,57 +1,34 @@
-"""The gradients that served samples owe to their rows: summed locally, pushed at each snapshot.
+"""The gradients that served samples owe to their rows: summed locally, pushed to their shards.
 
 A served sample (``serving.py``) reads its rows from the replica and sends nothing through the
 shards, so its gradient for those rows does not reach them in its step. Dropping it would be
 skipping again (measured: on ``clicklog_quick`` serving 32% of the samples without the push cost
 0.0045 test AUC; with the tables frozen it cost nothing, so all of the loss was these gradients).
 Instead each rank sums, per row, the gradient its served samples' pooled embeddings received
-(SUM pooling: a row gets its bag's gradient once per occurrence), and at every snapshot, before
-the rows are snapshotted and the replica rebuilt, pushes the sums through the sharded embedding
-path as one batch of pseudo-samples: every summed row is one lookup of its own, and the backward
-of that batch carries the sums. TorchRec then adds the ranks' contributions and divides by the
-world size as for any batch, and the fused optimizer (or, for data-parallel tables, DDP and the
-optimizer step that follows) applies them. A stale row's update is thus delayed by at most
-``snapshot_interval`` steps and applied as one step of the summed gradient, instead of lost.
-The push moves rows x D gradient values once per snapshot instead of per-sample pooled
-embeddings every step; its bytes are counted with the rest (``a2a_bytes``).
+(SUM pooling: a row gets its bag's gradient once per occurrence), and every
+``replica_sync_steps`` the ranks exchange the sums (one all-gather of (row, gradient) pairs) and
+every rank applies, to the shards it holds, the sum over ranks divided by the world size: what
+TorchRec's output all-to-all backward and gradient division make of a step's gradient. A shard
+applies it by a forward and backward of its own embedding kernel on one lookup per row (no
+communication: the kernel's fused optimizer updates the rows in backward; for data-parallel
+tables the gradient lands on the replicated weights, identical on every rank, and the optimizer
+step that follows applies it). A stale row's update is thus delayed by at most
+``replica_sync_steps`` steps and applied as one step of the summed gradient, instead of lost.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.distributed import gather_varlen
 from slipstream_rec.slipstream.rows import RowIndex
+from slipstream_rec.slipstream.sharded import ShardUnit
 
-__all__ = ["ServedGradients", "unpipelined"]
-
-
-@contextmanager
-def unpipelined(ebc: Any) -> Iterator[Any]:
-    """``ebc`` with its plain forward for the duration, inside a step of TorchRec's pipeline.
-
-    TrainPipelineSparseDist swaps the sharded module's ``forward`` for one that reads the
-    pipelined batch's input-dist results, and each ``KJTAllToAll``'s for one that fuses the split
-    exchange (torchrec/distributed/train_pipeline/utils.py: ``_rewrite_model``,
-    ``_override_input_dist_forwards``); ``detach()`` undoes both but may not be called inside a
-    step (its ``dequeue_batch`` needs the pipelined forward). These are instance attributes:
-    removing them for the duration exposes the class methods, and they are put back after.
-    """
-    saved = []
-    dists = [getattr(d, "_dist", None) for d in ebc._input_dists]
-    for module in [ebc] + [d for d in dists if d is not None]:
-        if "forward" in module.__dict__:
-            saved.append((module, module.__dict__.pop("forward")))
-    try:
-        yield ebc
-    finally:
-        for module, forward in saved:
-            module.forward = forward
+__all__ = ["ServedGradients"]
 
 
 class ServedGradients:
@@ -83,53 +60,31 @@ class ServedGradients:
         self.keys = unique
         self.grads = torch.zeros(unique.numel(), self.dim, device=device).index_add_(0, inverse, grads)
 
-    def push(self, ebc: Any, feature_names: List[str]) -> int:
-        """Send the sums through the sharded EBC ``ebc`` and backward them, in the middle of a
-        pipelined step (``unpipelined``); returns the pseudo-batch size (0: nothing on any rank,
-        no forward)."""
-        # Collective: ALL ranks enter one MAX all-reduce, and unless every rank has nothing, the
-        # sharded forward and backward of a batch of the same size on every rank.
-        keys, grads = self.keys.cpu(), self.grads
-        feature, rows = self.index.from_flat(keys)  # sorted keys: grouped by feature, rows ascending
-        per_feature = torch.bincount(feature, minlength=self.index.num_features)
-        local = int(per_feature.max()) if keys.numel() else 0
-        size = int(all_reduce_(torch.tensor([local], dtype=torch.int64), dist.ReduceOp.MAX).item())  # all ranks
-        if size == 0:
-            return 0
-        position = {name: i for i, name in enumerate(self.index.feature_names)}
-        order = [position[name] for name in feature_names]  # the KJT's key order
-        starts = torch.cumsum(per_feature, 0) - per_feature
-        lengths = torch.zeros(len(order), size, dtype=torch.int32)
-        values, blocks = [], []
-        for slot, f in enumerate(order):
-            n, lo = int(per_feature[f]), int(starts[f])
-            lengths[slot, :n] = 1
-            values.append(rows[lo : lo + n])
-            blocks.append((n, lo))
-        device = grads.device
-        kjt = KeyedJaggedTensor(
-            keys=list(feature_names), values=torch.cat(values), lengths=lengths.view(-1), stride=size
-        ).to(device)
-        counting, ebc.counting = ebc.counting, False  # the pseudo-lookups are not data
-        try:
-            with unpipelined(ebc):
-                pooled = ebc(kjt)
-            out = pooled.values()  # (size, F * D) in pooled.keys() order
-            grad = torch.zeros_like(out)
-            slot_of = {name: slot for slot, name in enumerate(feature_names)}
-            col = 0
-            for key, width in zip(pooled.keys(), pooled.length_per_key()):
-                assert width == self.dim, "one embedding dim for every table"
-                n, lo = blocks[slot_of[key]]
-                grad[:n, col : col + width] = grads[lo : lo + n]
-                col += width
-            torch.autograd.backward(out, grad)
-        finally:
-            ebc.counting = counting
+    def push(self, units: List[ShardUnit], feature_idx: Dict[str, int]) -> int:
+        """Exchange the sums and apply them to this rank's shards ``units``; returns the bytes
+        this rank gave to the exchange. Collective: ALL ranks enter two all-gathers, with or
+        without rows of their own."""
+        keys, grads = self.keys.cpu(), self.grads.cpu()
+        sent = keys.numel() * 8 + grads.numel() * 4
+        all_keys = gather_varlen(keys)  # all ranks
+        all_grads = gather_varlen(grads.reshape(-1)).view(-1, self.dim)  # all ranks
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        unique, inverse = torch.unique(all_keys, return_inverse=True)
+        total = torch.zeros(unique.numel(), self.dim).index_add_(0, inverse, all_grads) / world
+        by_kernel: Dict[int, List[Any]] = {}
+        for unit in units:  # discovery order: a kernel's features in its own order
+            first = int(self.index.offsets[feature_idx[unit.feature]]) + unit.row_offset
+            lo, hi = torch.searchsorted(unique, torch.tensor([first, first + unit.rows])).tolist()
+            rows = unique[lo:hi] - first
+            grad = total[lo:hi, unit.col_offset : unit.col_offset + unit.cols]
+            by_kernel.setdefault(id(unit.kernel), [unit.kernel, unit.weights.device, []])[2].append((rows, grad))
+        for kernel, device, parts in by_kernel.values():
+            if sum(r.numel() for r, _ in parts):
+                _apply(kernel, device, parts)
         self.pushes += 1
         self.rows_pushed += int(keys.numel())
-        self.keys, self.grads = torch.zeros(0, dtype=torch.int64), torch.zeros(0, self.dim, device=device)
-        return size
+        self.keys, self.grads = torch.zeros(0, dtype=torch.int64), torch.zeros(0, self.dim, device=self.grads.device)
+        return int(sent)
 
     def state_dict(self) -> Dict[str, Any]:
         return {
@@ -141,3 +96,26 @@ class ServedGradients:
         self.keys = state["keys"].clone()
         self.grads = state["grads"].to(device)
         self.pushes, self.rows_pushed = int(state["pushes"]), int(state["rows_pushed"])
+
+
+def _apply(kernel: Any, device: torch.device, parts: List[Any]) -> None:
+    """One lookup per row of every feature of ``kernel`` (its features in order, a pseudo-sample
+    per row of the longest), backward with each row's gradient: the kernel's own update rule."""
+    size = max(r.numel() for r, _ in parts)
+    lengths = torch.zeros(len(parts), size, dtype=torch.int32)
+    for slot, (rows, _) in enumerate(parts):
+        lengths[slot, : rows.numel()] = 1
+    kjt = KeyedJaggedTensor(
+        keys=[f"f{slot}" for slot in range(len(parts))],  # names do not matter to a kernel: order does
+        values=torch.cat([r for r, _ in parts]),
+        lengths=lengths.view(-1),
+        stride=size,
+    ).to(device)
+    out = kernel(kjt)  # (size, sum of the features' dims), features in order
+    grad = torch.zeros_like(out)
+    col = 0
+    for rows, g in parts:
+        grad[: rows.numel(), col : col + g.shape[1]] = g.to(out.device, out.dtype)
+        col += g.shape[1]
+    assert col == out.shape[1], "a kernel's output columns are its features' dims"
+    torch.autograd.backward(out, grad)

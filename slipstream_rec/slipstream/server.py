@@ -67,7 +67,8 @@ class StaleServer:
                 self._counts.append(torch.unique(keys, return_counts=True))
         if snapshot_step:
             t0 = time.perf_counter()
-            self.grads.push(self.tracker.modules[0], self.feature_names)  # all ranks
+            sent = self.grads.push(self.tracker.units, self.tracker.feature_index)  # all ranks
+            self.tracker.modules[0].a2a_bytes["gradient"] += sent  # the push carries gradients
             self.push_seconds += time.perf_counter() - t0
 
     def take_counts(self) -> Optional[Counts]:

@@ -118,7 +118,7 @@ def serve_step_worker(env, kind: str, lr: float):
     served = serve.module.take_served()
     assert served is not None and served[1].grad is not None
     grads.add(*[served[0], served[1].grad])
-    grads.push(ebc, FEATURES)  # all ranks
+    grads.push(ebc.units, {f: i for i, f in enumerate(FEATURES)})  # all ranks
     serve_opt.step()
 
     # the split's order: the samples that need the shards, then the servable ones
