@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slipstream_rec.report.pairing import OFF, Placed, place, series_order
+from slipstream_rec.report.pairing import OFF, Placed, count_occurrences, place, series_order
 from slipstream_rec.report.runs import Run
 
 # The product's quality target: paired test AUC at most this far below off's.
@@ -170,6 +170,7 @@ def paired_results(runs: List[Run]) -> Tuple[List[Paired], List[str]]:
                          "trainer.test_at_end=false): not paired")
         else:
             usable.append(p)
+    count_occurrences(usable)  # among the runs that can pair: a crashed repeat shifts nothing
     offs = {_seed_key(p): p for p in usable if p.kind == OFF}
     by_series: Dict[Tuple[str, str], List[Placed]] = {}
     for p in usable:

@@ -12,7 +12,8 @@ difference). So every run with a config is placed by three things:
   ``slipstream.*`` settings that differ between runs of that policy in the dataset
   (``paper_plus (target_skip_fraction=0.1)``).
 - its **seed** (``trainer.seed``) and its occurrence among the series' runs with that seed, in the
-  order given: repeats with one seed pair off's first run with the policy's first, and so on.
+  order given (complete runs only, ``count_occurrences``): repeats with one seed pair off's first
+  run with the policy's first, and so on.
 
 Controls are recognised from the configs too: a ``random`` run controls the staleness run of the
 same dataset and seed that first skipped at the control's ``warmup_steps`` (that is how
@@ -54,7 +55,7 @@ class Placed:
     kind: str  # the policy as its preset names it
     series: str  # kind + differing settings (+ @<policy> for a random control)
     seed: Any  # trainer.seed
-    occurrence: int  # how many runs of this dataset, series and seed came before it
+    occurrence: int  # how many paired runs of this dataset, series and seed came before it
     controls: Optional[str] = None  # the series this run's series is the control of, if any
 
 
@@ -111,11 +112,16 @@ def place(runs: List[Run]) -> Tuple[List[Placed], List[str]]:
         members = [p for p in placed if p.dataset == dataset]
         _name_series(members)
         _link_controls(members)
-        seen: Counter = Counter()
-        for p in members:
-            p.occurrence = seen[(p.series, json.dumps(p.seed, default=str))]
-            seen[(p.series, json.dumps(p.seed, default=str))] += 1
     return placed, notes
+
+
+def count_occurrences(placed: List[Placed]) -> None:
+    """Set ``occurrence``: how many of ``placed`` of the same dataset, series and seed come first."""
+    seen: Counter = Counter()
+    for p in placed:
+        key = (p.dataset, p.series, json.dumps(p.seed, default=str))
+        p.occurrence = seen[key]
+        seen[key] += 1
 
 
 def _name_series(members: List[Placed]) -> None:

@@ -272,7 +272,11 @@ def test_pairs_by_dataset_and_occurrence_and_names_settings(tmp_path):
     # uniform negative downsampling alone controls the same downsampling beside paper_plus
     write_run(root / "neg", ["slipstream=negative_sampling"], 0.741, 60.0, 0.5, 0, policy="random")
     write_run(root / "ppneg", ["slipstream=paper_plus_negatives"], 0.743, 58.0, 0.54, 0, policy="paper_plus")
-    runs = [load_run(d) for d in [*dirs, root / "pp-d01", root / "other", root / "neg", root / "ppneg"]]
+    # a crashed repeat first (no summary.json): it shifts no pairing
+    write_run(root / "pp-crashed", ["slipstream=paper_plus"], 0.7, 10.0, 0.1, 60, policy="paper_plus")
+    (root / "pp-crashed" / "summary.json").unlink()
+    runs = [load_run(d) for d in [root / "pp-crashed", *dirs, root / "pp-d01", root / "other", root / "neg",
+                                  root / "ppneg"]]
     assign_labels(runs)
     results, notes = paired_results(runs)
     by = {r.series: r for r in results}
@@ -287,6 +291,7 @@ def test_pairs_by_dataset_and_occurrence_and_names_settings(tmp_path):
     assert default_batch != 512
     assert {r.dataset for r in results} == {f"clicklog, trainer.batch_size={default_batch}"}
     assert any(n.startswith("other: no off run of dataset") for n in notes), notes
+    assert any(n.startswith("pp-crashed: no train_seconds or test_auc") for n in notes), notes
 
 
 def test_benchmark_prints_the_reports_table(tmp_path, monkeypatch, capsys):
