@@ -38,11 +38,13 @@ code { background: #f5f5f5; padding: 0 0.2em; }
 FRONTIER_INTRO = (
     "Each policy's runs paired with the <code>off</code> run of the same dataset and seed (same config apart "
     "from <code>slipstream.*</code>, the seed and operational keys). x: speedup = off's train seconds / the "
-    "run's (evaluations excluded); y: the run's test AUC minus off's. Filled marker: the mean over seeds with "
-    "its 95% interval (Student's t), small dots: the seeds, hollow marker: the ideal speedup 1 / (1 - skip "
-    "fraction); X: a control (<code>random@POLICY</code> skips as many samples at random from the same step; "
-    "<code>negative_sampling</code> is the downsampling of a <code>*_negatives</code> policy alone), beside the "
-    "policy it controls. Shaded: the target, paired test AUC at most 0.001 below off. The table holds the same "
+    "run's (evaluations excluded); y: the run's test AUC minus off's. Filled marker: the means over the seeds "
+    "(bar: the 95% interval of the AUC difference, Student's t, drawn from 3 seeds on; the table has both "
+    "intervals), small dots: the seeds, hollow marker: the ideal speedup 1 / (1 - skip fraction), which a "
+    "measured speedup exceeds only through timing noise (other jobs on the machine); X, in a lighter shade of "
+    "its policy's color: a control (<code>random@POLICY</code> skips as many samples at random from the same "
+    "step; <code>negative_sampling</code> is the downsampling of a <code>*_negatives</code> policy alone). "
+    "Shaded: the target, paired test AUC at most 0.001 below off. The table holds the same "
     "numbers (<code>frontier.csv</code> the figure's data, <code>paired_results.md</code> the table); "
     "<code>benchmarks/slipstream_policies.py</code> prints them from the same code "
     "(<code>slipstream_rec.report.paired</code>).")
