@@ -88,13 +88,13 @@ def _frontier_panel(ax: Any, results: List[Paired], colors: Dict[str, str]) -> N
         if math.isfinite(r.ideal_speedup):
             ax.plot([sp.mean, r.ideal_speedup], [d.mean, d.mean], color=color, linestyle=":", linewidth=1)
             ax.plot([r.ideal_speedup], [d.mean], marker=marker, ms=9, mfc="white", mec=color, mew=1.6,
-                    linestyle="none", zorder=4)
+                    linestyle="none", zorder=5)
         # the speedup's spread shows in the seeds' dots: on a shared machine it is wide (seconds are
         # noisy, AUC is not), and its interval would cross the whole panel
         ax.errorbar([sp.mean], [d.mean], yerr=_err(d), fmt=marker, ms=9, color=color,
                     ecolor=color, elinewidth=1.2, capsize=3, zorder=5)
         means[r.series] = (sp.mean, d.mean)
-    for r in results:  # each control joined to its policy, labels last so they sit on top
+    for r in results:  # each control joined to its policy; labels under the markers, over the lines
         if r.controls and r.controls in means and r.series in means:
             (xa, ya), (xb, yb) = means[r.controls], means[r.series]
             ax.plot([xa, xb], [ya, yb], color=colors[r.series], linewidth=0.8, linestyle="--", alpha=0.7)
@@ -102,7 +102,8 @@ def _frontier_panel(ax: Any, results: List[Paired], colors: Dict[str, str]) -> N
         if r.series in means:
             below = bool(r.controls)
             ax.annotate(r.series, means[r.series], xytext=(9, -13 if below else 7), textcoords="offset points",
-                        fontsize=9, color=colors[r.series], fontweight="bold", zorder=6)
+                        fontsize=9, color=colors[r.series], fontweight="bold", zorder=3.5,
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.75})
     ax.set_xlim(x0, x1)
     ax.set_ylim(y0, y1)
     n = sorted({len(r.pairs) for r in results if not r.is_off})
