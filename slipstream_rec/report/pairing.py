@@ -8,7 +8,7 @@ difference). So every run with a config is placed by three things:
   the keys that change how a run is operated but not what it learns (``OPERATIONAL_KEYS``). Runs
   of one dataset differ only in the policy and the seed; a run pairs only within its dataset.
 - its **series**, one marker on the frontier: the policy as its preset names it (``off``,
-  ``paper_plus``, ``random``, ``negative_sampling``, ``paper_plus_negatives``, ...) plus the
+  ``paper_plus``, ``serve``, ``random``, ``negative_sampling``, ``paper_plus_negatives``, ...) plus the
   ``slipstream.*`` settings that differ between runs of that policy in the dataset
   (``paper_plus (target_skip_fraction=0.1)``).
 - its **seed** (``trainer.seed``) and its occurrence among the series' runs with that seed, in the
@@ -35,6 +35,7 @@ from slipstream_rec.report.runs import Run
 OFF = "off"
 RANDOM = "random"
 NEGATIVE_SAMPLING = "negative_sampling"
+SERVE = "serve"
 STALENESS_POLICIES = ("paper", "paper_plus")
 # Keys that change how a run is operated, not what it learns: runs that differ only in these
 # still pair with each other.
@@ -64,9 +65,12 @@ def _slipstream(run: Run) -> Dict[str, Any]:
 
 
 def policy_kind(slipstream: Dict[str, Any]) -> str:
-    """The preset name of a resolved ``slipstream`` config: the policy, except the two shapes that
-    presets give other names (conf/slipstream/negative_sampling.yaml, paper_plus_negatives.yaml)."""
+    """The preset name of a resolved ``slipstream`` config: the policy, except the shapes that
+    presets give other names (conf/slipstream/serve.yaml, negative_sampling.yaml,
+    paper_plus_negatives.yaml)."""
     policy = str(slipstream.get("policy"))
+    if slipstream.get("action") == SERVE:  # conf/slipstream/serve.yaml: stale inputs served, not skipped
+        return SERVE
     if policy == RANDOM and slipstream.get("negatives_only"):
         return NEGATIVE_SAMPLING
     if policy in STALENESS_POLICIES and (slipstream.get("negative_downsampling") or 0) > 0:

@@ -275,11 +275,14 @@ def test_pairs_by_dataset_and_occurrence_and_names_settings(tmp_path):
     # a crashed repeat first (no summary.json): it shifts no pairing
     write_run(root / "pp-crashed", ["slipstream=paper_plus"], 0.7, 10.0, 0.1, 60, policy="paper_plus")
     (root / "pp-crashed" / "summary.json").unlink()
+    # serving stale inputs (conf/slipstream/serve.yaml, policy paper_plus) is a series of its own
+    write_run(root / "serve", ["slipstream=serve"], 0.7499, 97.0, 0.2, 60, policy="paper_plus")
     runs = [load_run(d) for d in [root / "pp-crashed", *dirs, root / "pp-d01", root / "other", root / "neg",
-                                  root / "ppneg"]]
+                                  root / "ppneg", root / "serve"]]
     assign_labels(runs)
     results, notes = paired_results(runs)
     by = {r.series: r for r in results}
+    assert by["serve"].dauc.values == pytest.approx([0.7499 - 0.75])
     pp = by["paper_plus (target_skip_fraction=0.3)"]
     assert pp.speedup.values == pytest.approx([100 / 90, 120 / 100])
     assert [p.off for p in pp.pairs] == ["off-r0", "off-r1"]
