@@ -17,8 +17,13 @@ staleness selection is worth something only if its AUC beats the control's.
 
 With ``--vary-seed``, repeat r runs every policy with ``trainer.seed=r`` (model initialisation
 and the skip draws change; the data does not). Runs are deterministic on CPU, so repeats with one
-seed differ only in seconds; varying the seed measures how much AUC moves from seed to seed, and
-the table adds each policy's AUC difference to off *within* a seed (paired): mean and spread.
+seed differ only in seconds; varying the seed measures how much AUC moves from seed to seed.
+
+After the medians, the paired results: each policy against off with the same seed (the same
+repeat without ``--vary-seed``) and against its control, mean over seeds with the 95% interval
+(``slipstream_rec.report.paired``, the code behind the report's frontier figure and its table,
+so the print, the JSON's ``paired`` and the report show the same numbers). The report's
+``paired_results.md`` is that table in markdown.
 
     .venv/bin/python benchmarks/slipstream_policies.py                       # default config
     .venv/bin/python benchmarks/slipstream_policies.py --name skewed data=synthetic_skewed
@@ -38,6 +43,8 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from slipstream_rec.report.paired import as_dict, paired_results, text_table  # noqa: E402
+from slipstream_rec.report.runs import load_run  # noqa: E402
 from slipstream_rec.slipstream.random_control import random_control_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,22 +158,6 @@ def main() -> None:
         print(f"{pol} | {secs:.1f} | {row['samples_trained']:.0f} | {skip:.3f} | {row['val_auc']:.4f} | "
               f"{row['val_logloss']:.4f} | {row['test_auc']:.4f} | {row['test_logloss']:.4f} | "
               f"{speedup:.3f} | {ideal:.3f} | {speedup / ideal:.2f}")
-    if args.vary_seed and args.repeats > 1:
-        # Paired by seed: the seed-to-seed spread of AUC cancels in each difference.
-        print(f"test AUC over seeds 0..{args.repeats - 1}: mean, sample std; paired difference to "
-              f"{'off and to the control' if control_of else 'off'}: mean, std, per seed")
-        for label in labels:
-            aucs = [x["test_auc"] for x in runs[label]]
-            mean, std = statistics.mean(aucs), statistics.stdev(aucs)
-            table[label]["test_auc_mean"], table[label]["test_auc_std"] = mean, std
-            line = f"{label}: test AUC {mean:.4f} +- {std:.4f}"
-            refs = [ref for ref in ("off", control if label == control_of else None) if ref in runs and ref != label]
-            for ref in refs:
-                d = [a - b for a, b in zip(aucs, (x["test_auc"] for x in runs[ref]))]
-                table[label][f"paired_test_auc_minus_{ref}"] = d
-                line += (f"; minus {ref} {statistics.mean(d):+.4f} +- {statistics.stdev(d):.4f} "
-                         f"({', '.join(f'{v:+.4f}' for v in d)})")
-            print(line)
     flagged = []
     if "off" in runs:  # paired by repeat (by seed with --vary-seed)
         for label in labels:
@@ -175,18 +166,22 @@ def main() -> None:
                     flagged.append({"label": label, "repeat": r, "test_auc": x["test_auc"], "off": o["test_auc"]})
                     print(f"FLAG {label} repeat {r}: test AUC {x['test_auc']:.4f} is more than "
                           f"{COLLAPSE_AUC} below its paired off's {o['test_auc']:.4f}")
-    if control_of:
-        a, b = table[control_of], table[control]
-        print(f"{control_of} minus its random control (same skip fraction): test AUC "
-              f"{a['test_auc'] - b['test_auc']:+.4f}, val AUC {a['val_auc'] - b['val_auc']:+.4f}, "
-              f"train s {a['train_seconds'] - b['train_seconds']:+.1f}")
+    # Paired by seed (by repeat without --vary-seed), from the run directories by the code the
+    # report uses: its frontier, its table and this print show the same numbers.
+    run_dirs = [runs_root / f"{label}-r{r}" for label in labels for r in range(args.repeats)]
+    results, notes = paired_results([load_run(d) for d in run_dirs])
+    print("\npaired with off of the same seed (and with the control): mean over the pairs [95% interval]")
+    print(text_table(results), end="")
+    for note in notes:
+        print(f"note: {note}")
     out = ROOT / "benchmarks" / "results" / f"slipstream_{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
                                "vary_seed": args.vary_seed, "flagged": flagged,
-                               "runs": runs, "median": table}, indent=2) + "\n")
+                               "runs": runs, "median": table, "paired": [as_dict(r) for r in results]},
+                              indent=2) + "\n")
     print(f"raw: {out.relative_to(ROOT)}")
-    write_report([runs_root / f"{label}-r{r}" for label in labels for r in range(args.repeats)], report)
+    write_report(run_dirs, report)
 
 
 if __name__ == "__main__":

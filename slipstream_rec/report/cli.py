@@ -1,9 +1,12 @@
 """``slipstream-report RUN_DIR [RUN_DIR ...] -o OUT``: compare runs at a glance.
 
 Writes ``OUT/report.html`` (self-contained: figures embedded as base64 PNG, open it in any
-browser) and the figures as PNG files in ``OUT/``. The first run is the reference: speedups
-(first run's train seconds / each run's), test AUC differences and config differences are taken
-against it.
+browser) and the figures as PNG files in ``OUT/``. Where runs share a dataset and seeds with
+``off`` runs, the report opens with the frontier (each policy's speedup and test AUC difference
+paired with ``off`` of the same seed) and the table of paired results, also written as
+``OUT/paired_results.md`` (markdown) and ``OUT/frontier.csv`` (the figure's data). In the
+comparison table the first run is the reference: speedups (first run's train seconds / each
+run's), test AUC differences and config differences are taken against it.
 
 Exit codes: 0 report written; 2 bad arguments or a path that is not a run directory (nothing is
 written). A run without summary.json (crashed or killed) is reported as incomplete; malformed
@@ -57,6 +60,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     path = html.write(runs, args.out)
     incomplete = [r.label for r in runs if not r.complete]
     print(f"report: {path} ({len(runs)} runs" + (f", incomplete: {', '.join(incomplete)}" if incomplete else "") + ")")
+    if (args.out / "paired_results.md").is_file():
+        print(f"paired results: {args.out / 'paired_results.md'} (markdown), {args.out / 'frontier.csv'}")
     return 0
 
 

@@ -1,8 +1,12 @@
 """Assemble report.html (self-contained: CSS inline, figures as base64 PNG) and the PNG files.
 
-Section ids (stable, for links and tests): ``runs``, ``summary``, ``config-diff``, ``accuracy``,
+Section ids (stable, for links and tests): ``frontier`` (first, where runs share a dataset and
+seeds with ``off``: the frontier figure and the table of paired results), ``runs``, ``summary``,
+``config-diff``, ``accuracy`` (curves, or the final metrics where no run has a curve),
 ``skipping``, ``rows-per-table``, ``change-distribution``, ``time-breakdown``. The comparison
-figures are also embedded as JSON in ``<script type="application/json" id="report-data">``.
+figures and the paired results are also embedded as JSON in
+``<script type="application/json" id="report-data">``; the frontier's data is written as
+``frontier.csv`` and the paired table as ``paired_results.md`` beside the PNGs.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from slipstream_rec.report import figures
+from slipstream_rec.report import figures, frontier, paired
 from slipstream_rec.report.compare import comparison_rows, config_diff, show
 from slipstream_rec.report.runs import Run
 
@@ -29,6 +33,21 @@ th { background: #f2f2f2; } td.l, th.l { text-align: left; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 code { background: #f5f5f5; padding: 0 0.2em; }
 """
+
+
+FRONTIER_INTRO = (
+    "Each policy's runs paired with the <code>off</code> run of the same dataset and seed (same config apart "
+    "from <code>slipstream.*</code>, the seed and operational keys). x: speedup = off's train seconds / the "
+    "run's (evaluations excluded); y: the run's test AUC minus off's. Filled marker: the means over the seeds "
+    "(bar: the 95% interval of the AUC difference, Student's t, drawn from 3 seeds on; the table has both "
+    "intervals), small dots: the seeds, hollow marker: the ideal speedup 1 / (1 - skip fraction), which a "
+    "measured speedup exceeds only through timing noise (other jobs on the machine); X, in a lighter shade of "
+    "its policy's color: a control (<code>random@POLICY</code> skips as many samples at random from the same "
+    "step; <code>negative_sampling</code> is the downsampling of a <code>*_negatives</code> policy alone). "
+    "Shaded: the target, paired test AUC at most 0.001 below off. The table holds the same "
+    "numbers (<code>frontier.csv</code> the figure's data, <code>paired_results.md</code> the table); "
+    "<code>benchmarks/slipstream_policies.py</code> prints them from the same code "
+    "(<code>slipstream_rec.report.paired</code>).")
 
 
 def _e(value: Any) -> str:
@@ -86,6 +105,17 @@ def build(runs: List[Run]) -> Dict[str, Any]:
     keys, diffs = config_diff(runs)
     first = runs[0]
     sections = []
+    pngs: List[figures.Png] = []
+    results, pairing_notes = paired.paired_results(runs)
+
+    # -- the answer first: speedup against quality cost, paired with off
+    frontier_pngs, frontier_notes = frontier.frontier(results)
+    if frontier_pngs:
+        pngs += frontier_pngs
+        table = _table(paired.HEADER, [[_e(c) for c in row] for row in paired.table_rows(results)], left=3,
+                       table_id="paired-table")
+        sections.append(_section("frontier", "Speedup against quality cost, paired with off", FRONTIER_INTRO,
+                                 _figures(frontier_pngs) + table + _notes(frontier_notes + pairing_notes)))
 
     # -- runs
     run_rows, classes = [], []
@@ -154,8 +184,6 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         "(<code>trainer.run_dir</code> is left out); <b>bold</b>: differs, =: same as the first run.", body))
 
     # -- figures
-    pngs: List[figures.Png] = []
-
     def add(ident: str, title: str, intro: str, result: Any) -> None:
         got, notes = result[0], result[1]
         for png in got:  # two labels can map to one file-safe name
@@ -166,9 +194,16 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         body = _figures(got) if got else '<p class="note">No run has data for this section.</p>'
         sections.append(_section(ident, title, intro, body + _notes(notes)))
 
-    add("accuracy", "Accuracy vs wall time and samples trained",
-        "Validation AUC and log loss at every evaluation (eval records of metrics.jsonl); time counts from the "
-        "start of training, evaluations included, so curves show time-to-accuracy.", figures.accuracy(runs))
+    if any(len(run.evals("val")) >= 2 for run in runs):
+        add("accuracy", "Accuracy vs wall time and samples trained",
+            "Validation AUC and log loss at every evaluation (eval records of metrics.jsonl); time counts from the "
+            "start of training, evaluations included, so curves show time-to-accuracy.", figures.accuracy(runs))
+    else:
+        add("accuracy", "Final test AUC and log loss",
+            "No run evaluated more than once (<code>trainer.eval_every_steps=0</code>), so there are no curves: "
+            "each run's test AUC and log loss from summary.json, grouped by dataset and policy, each point "
+            "labelled with its seed. The AUC axis spans at least 0.004, four times the 0.001 target, so that a "
+            "difference well inside the target does not fill it.", frontier.final_metrics(runs))
     add("skipping", "Skip fraction, threshold T, hot and stale rows over time",
         "From train records (lines) and Slipstream snapshot records (dots); rank 0's skip fraction.",
         figures.skipping(runs))
@@ -197,7 +232,7 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         table_id="time-breakdown-table") + "\n</section>")
 
     data = {"runs": rows, "config_diff_keys": keys, "time_breakdown": parts,
-            "figures": [p.name for p in pngs]}
+            "paired": [paired.as_dict(r) for r in results], "figures": [p.name for p in pngs]}
     payload = json.dumps(data, default=str).replace("</", "<\\/")
     now = _dt.datetime.now().isoformat(timespec="seconds")
     text = "\n".join([
@@ -207,7 +242,8 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         "<h1>slipstream_rec experiment report</h1>",
         f'<p class="muted">Generated {now} by <code>python -m slipstream_rec.report</code> '
         f"from {len(runs)} run(s).</p>",
-        '<nav><a href="#runs">runs</a> · <a href="#summary">comparison</a> · <a href="#config-diff">config</a> · '
+        '<nav>' + ('<a href="#frontier">frontier</a> · ' if frontier_pngs else "")
+        + '<a href="#runs">runs</a> · <a href="#summary">comparison</a> · <a href="#config-diff">config</a> · '
         '<a href="#accuracy">accuracy</a> · <a href="#skipping">skipping</a> · '
         '<a href="#rows-per-table">rows per table</a> · <a href="#change-distribution">change distribution</a> · '
         '<a href="#time-breakdown">time breakdown</a></nav>',
@@ -215,7 +251,9 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         f'<script type="application/json" id="report-data">{payload}</script>',
         "</body></html>",
     ])
-    return {"html": text, "pngs": pngs, "data": data}
+    return {"html": text, "pngs": pngs, "data": data,
+            "frontier_csv": paired.frontier_csv(results) if frontier_pngs else None,
+            "paired_markdown": paired.markdown_table(results) if frontier_pngs else None}
 
 
 def write(runs: List[Run], out_dir: Path) -> Path:
@@ -224,6 +262,11 @@ def write(runs: List[Run], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     for png in report["pngs"]:
         (out_dir / png.name).write_bytes(png.data)
+    for name, key in (("frontier.csv", "frontier_csv"), ("paired_results.md", "paired_markdown")):
+        if report[key] is not None:
+            (out_dir / name).write_text(report[key], encoding="utf-8")
+        elif (out_dir / name).is_file():  # an earlier report's, for other runs
+            (out_dir / name).unlink()
     path = out_dir / "report.html"
     tmp = out_dir / ".report.html.tmp"
     tmp.write_text(report["html"], encoding="utf-8")

@@ -32,7 +32,7 @@ from slipstream_rec.report.runs import flatten
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SECTIONS = ["runs", "summary", "config-diff", "accuracy", "skipping", "rows-per-table", "change-distribution",
+SECTIONS = ["frontier", "runs", "summary", "config-diff", "accuracy", "skipping", "rows-per-table", "change-distribution",
             "time-breakdown"]
 
 
@@ -108,11 +108,15 @@ def test_report_has_every_section_and_figure(report):
     for ident in SECTIONS:
         body = _section(text, ident)
         assert "<h2>" in body
-    expected = {"accuracy.png", "skipping.png", "rows_per_table_pp.png", "rows_per_table_crashed.png",
+    expected = {"frontier.png", "accuracy.png", "skipping.png", "rows_per_table_pp.png", "rows_per_table_crashed.png",
                 "change_pp.png", "change_crashed.png", "time_breakdown.png"}
     assert expected == {p.name for p in report["out"].glob("*.png")}
     assert set(report["data"]["figures"]) == expected
     # the figures sit in their sections
+    # off and paper_plus share data and seed: the frontier pairs them (the crashed run is left out)
+    assert 'data-file="frontier.png"' in _section(text, "frontier")
+    assert [r["series"] for r in report["data"]["paired"]] == ["off", "paper_plus"]
+    assert "crashed: no train_seconds or test_auc" in _section(text, "frontier")
     assert 'data-file="accuracy.png"' in _section(text, "accuracy")
     assert 'data-file="skipping.png"' in _section(text, "skipping")
     assert 'data-file="rows_per_table_pp.png"' in _section(text, "rows-per-table")
