@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from slipstream_rec.report import figures, frontier, paired
+from slipstream_rec.report import figures, frontier, paired, traffic
 from slipstream_rec.report.compare import comparison_rows, config_diff, show
 from slipstream_rec.report.runs import Run
 
@@ -159,6 +159,24 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         table_rows, left=3, row_classes=["" if r["status"] == "complete" else "incomplete" for r in rows],
         table_id="summary-table")))
 
+    # -- serving and embedding traffic
+    rows_t = traffic.traffic_rows(runs)
+    if rows_t:
+        spec = ["", ".3f", ".1f", ".1f", ".1f", ".1f", ".3f", "int", ".1f", ".1f"]
+        body = _table(traffic.HEADER, [[_e(r[0])] + [fmt(v, f) for v, f in zip(r[1:], spec[1:])] for r in rows_t],
+                      table_id="traffic-table")
+        turnover = traffic.turnover_rows(runs)
+        if turnover:
+            body += "<p>The hot set chosen again (<code>slipstream.hot_refresh_steps</code>):</p>" + _table(
+                traffic.TURNOVER_HEADER, [[_e(t[0])] + [fmt(v, "int") for v in t[1:]] for t in turnover],
+                table_id="turnover-table")
+        sections.append(_section(
+            "traffic", "Embedding traffic and serving",
+            "Bytes per trained sample given to the embedding collectives (summary.json a2a_bytes_per_sample, "
+            "counted from the tensors: ids and lengths, pooled embeddings, their gradients; every rank's sends, "
+            "the serve action's gradient pushes included); served fraction = samples answered from the replica "
+            "of stale rows; replica sync = its all-gathers, not part of the total.", body))
+
     # -- config diff
     if first.config is None:
         body = '<p class="note">The first run has no readable config.yaml: no config differences.</p>'
@@ -246,7 +264,8 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         + '<a href="#runs">runs</a> · <a href="#summary">comparison</a> · <a href="#config-diff">config</a> · '
         '<a href="#accuracy">accuracy</a> · <a href="#skipping">skipping</a> · '
         '<a href="#rows-per-table">rows per table</a> · <a href="#change-distribution">change distribution</a> · '
-        '<a href="#time-breakdown">time breakdown</a></nav>',
+        '<a href="#time-breakdown">time breakdown</a>' + (' · <a href="#traffic">traffic</a>' if rows_t else "")
+        + '</nav>',
         *sections,
         f'<script type="application/json" id="report-data">{payload}</script>',
         "</body></html>",

@@ -1,0 +1,45 @@
+"""The report's embedding-traffic section: the bytes, served fraction and hot-set turnover that
+the runs' summaries hold, in the HTML table and its data (values written by the test)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from slipstream_rec.report import html
+from slipstream_rec.report.runs import load_run
+from tests.report.recorded import write_run
+
+
+def _with(run_dir, **fields):
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    summary.update(fields)
+    path.write_text(json.dumps(summary))
+
+
+def test_traffic_table_shows_each_runs_bytes_and_the_hot_set_turnover(tmp_path):
+    write_run(tmp_path / "off", ["slipstream=off"], 0.76, 100.0)
+    write_run(tmp_path / "serve", ["slipstream=serve"], 0.7598, 95.0, policy="paper_plus")
+    _with(tmp_path / "off", a2a_bytes_per_sample={"input": 176.0, "output": 1408.0, "gradient": 704.0, "total": 2288.0},
+          served_fraction=0.0, rows_updated_per_step=14000.0, replica=None)
+    _with(tmp_path / "serve", a2a_bytes_per_sample={"input": 96.0, "output": 770.0, "gradient": 400.0, "total": 1266.0},
+          served_fraction=0.5, rows_updated_per_step=10000.0, replica={"rows": 70000, "sync_bytes_per_sample": 23.5},
+          slipstream={"hot_turnover": [{"step": 300, "hot_rows": 72000, "joined": 34000, "left": 8000}]})
+    runs = [load_run(tmp_path / "off"), load_run(tmp_path / "serve")]
+    for run, label in zip(runs, ("off", "serve")):
+        run.label = label
+    out = html.build(runs)
+    table = out["html"][out["html"].index('id="traffic-table"'):]
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", table.split("</table>")[0])]
+    assert cells[:10] == ["off", "0.000", "176.0", "1408.0", "704.0", "2288.0", "1.000", "n/a", "n/a", "14000.0"]
+    assert cells[10:20] == ["serve", "0.500", "96.0", "770.0", "400.0", "1266.0", f"{1266 / 2288:.3f}", "70,000",
+                            "23.5", "10000.0"]
+    turnover = out["html"][out["html"].index('id="turnover-table"'):].split("</table>")[0]
+    assert [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", turnover)] == [
+        "serve", "300", "72,000", "34,000", "8,000"]
+
+
+def test_runs_without_byte_counts_have_no_traffic_section(tmp_path):
+    write_run(tmp_path / "off", ["slipstream=off"], 0.76, 100.0)
+    assert 'id="traffic"' not in html.build([load_run(tmp_path / "off")])["html"]
