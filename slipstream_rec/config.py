@@ -102,9 +102,19 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
     try:
         job.trainer.validate()
         job.slipstream.validate()
+        job.optim.validate()
+        check_model_config(job.model)
     except ValueError as e:  # the component's message names its key and the fix
         raise ConfigError(f"invalid configuration: {e}") from e
     return job
+
+
+def check_model_config(model: ModelConfig) -> None:
+    """The model's layer-size rules, checked before any process group or run directory exists
+    (``build_model`` checks them again where they are used)."""
+    from slipstream_rec.model.dlrm import _check  # imports torchrec: only when validating
+
+    _check(model)
 
 
 def to_yaml(job: JobConfig) -> str:

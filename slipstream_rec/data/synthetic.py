@@ -215,6 +215,13 @@ def normalize_data_config(cfg: Any, key: str = "data") -> DataConfig:
             f"{key}.path must be set when {key}.source=npy. Fix: {key}.path=/dir/with/meta.json "
             f"(or {key}.source=synthetic to generate the default dataset)."
         )
+    if c.path and c.source != "npy":
+        # Ignoring it would train on the data.source dataset instead (the default click log is
+        # generated, 730 MB, and trained for 2000 steps) while the user thinks it reads data.path.
+        raise ValueError(
+            f"{key}.path={c.path} is only read with {key}.source=npy, and {key}.source={c.source}. "
+            f"Fix: add {key}.source=npy to train on {c.path}, or drop {key}.path."
+        )
     if c.source == "clicklog":
         from slipstream_rec.data.clicklog import normalize_clicklog_config
 
