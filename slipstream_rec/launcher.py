@@ -18,9 +18,12 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from slipstream_rec.cli_errors import ERROR_DIR_ENV
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 EXIT_LOST_RANK = 3
 
@@ -33,13 +36,39 @@ def torchrun_argv(nproc: int, max_restarts: int, overrides: List[str]) -> List[s
     ]  # fmt: skip
 
 
-def first_error_line(directory: Path) -> Optional[str]:
-    """The earliest error line a rank left (the cause; later ones are usually its echo)."""
+def first_error_line(directory: Path) -> Optional[Tuple[int, str]]:
+    """(rank, line) of the earliest error line a rank left (the cause; later ones are usually
+    its echo on the other ranks), or None."""
     found = []
     for path in directory.glob("rank*.err"):
         stamp, _, line = path.read_text().partition("\t")
-        found.append((int(stamp), line.strip()))
-    return min(found)[1] if found else None
+        found.append((int(stamp), int(path.stem.removeprefix("rank")), line.strip()))
+    return min(found)[1:] if found else None
+
+
+def explain_failure(failures: Dict[int, "ProcessFailure"], errors: Path) -> Tuple[str, int]:
+    """The one line and the exit code for a job whose ranks failed."""
+    def killed(rank: int, failure: "ProcessFailure") -> Tuple[str, int]:
+        return (
+            f"slipstream-train: error: rank {rank} was killed by {signal.Signals(-failure.exitcode).name} "
+            "(out of memory, or stopped from outside). Fix: rerun the same command (it resumes from "
+            "the newest checkpoint), or add --max-restarts N to restart lost ranks", EXIT_LOST_RANK,
+        )  # fmt: skip
+
+    # The agent stops the other ranks with SIGTERM once one fails: that is not the cause.
+    signalled = sorted((r, f) for r, f in failures.items() if f.exitcode < 0)
+    for rank, failure in signalled:
+        if -failure.exitcode != signal.SIGTERM:  # the cause: the others only lost a peer
+            return killed(rank, failure)
+    found = first_error_line(errors)
+    if found is not None:
+        rank, line = found
+        code = failures[rank].exitcode if rank in failures else 1
+        return line, code if code in (2, EXIT_LOST_RANK) else 1
+    if signalled:
+        return killed(*signalled[0])
+    rank, failure = min(failures.items())
+    return f"slipstream-train: error: rank {rank} exited with code {failure.exitcode}; its output above says why", 1
 
 
 def launch(nproc: int, max_restarts: int, overrides: List[str]) -> int:
@@ -58,19 +87,8 @@ def launch(nproc: int, max_restarts: int, overrides: List[str]) -> int:
             torchrun.run(torchrun.parse_args(torchrun_argv(nproc, max_restarts, overrides)))
             return 0
         except ChildFailedError as e:
-            rank, failure = e.get_first_failure()
-            line = first_error_line(Path(errors))
-            if line is not None:
-                print(line, file=sys.stderr, flush=True)
-                return failure.exitcode if failure.exitcode in (2, EXIT_LOST_RANK) else 1
-            if failure.exitcode < 0:  # killed by a signal: a lost rank
-                name = signal.Signals(-failure.exitcode).name
-                print(f"slipstream-train: error: rank {rank} was killed by {name} (out of memory, or "
-                      "stopped from outside); checkpoints allow a rerun to continue. Fix: rerun the same "
-                      "command, or add --max-restarts N to restart lost ranks", file=sys.stderr, flush=True)  # fmt: skip
-                return EXIT_LOST_RANK
-            print(f"slipstream-train: error: rank {rank} exited with code {failure.exitcode}; its "
-                  "output above says why", file=sys.stderr, flush=True)  # fmt: skip
-            return 1
+            line, code = explain_failure(e.failures, Path(errors))
+            print(line, file=sys.stderr, flush=True)
+            return code
         finally:
             os.environ.pop(ERROR_DIR_ENV, None)

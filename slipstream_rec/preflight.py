@@ -104,7 +104,10 @@ def policy_cannot_act(job: JobConfig, total_steps: int) -> Optional[str]:
         )
         if s.warmup_steps > s.count_steps + s.snapshot_interval:
             why = f"slipstream.warmup_steps={s.warmup_steps}"
-        scaled = f"slipstream.count_steps={max(1, total_steps // 4)} slipstream.snapshot_interval={max(1, total_steps // 8)}"
+        count = max(1, total_steps // 4)
+        scaled = f"slipstream.count_steps={count} slipstream.snapshot_interval={max(1, total_steps // 8)}"
+        if count * s.count_fraction < 1:  # validate(): at least one counted step
+            scaled += " slipstream.count_fraction=1.0"
         if s.warmup_steps >= total_steps:
             scaled += f" slipstream.warmup_steps={max(0, total_steps // 2)}"
     else:  # random: skips from warmup_steps on

@@ -162,6 +162,14 @@ def _load_schema(path: Path):
         if isinstance(value, str):
             items = ", ".join(v.strip() for v in value.split(",") if v.strip())
             raise ValueError(f"{path}: {key} is the text {value!r}, not a list. Fix: {key}: [{items}]")
+        # YAML reads unquoted yes / no / on / off / true / false as booleans, which would then
+        # match the text "True", never the file's "yes": every label would be 0.
+        if value is not None and any(isinstance(v, bool) for v in value):
+            raise ValueError(
+                f"{path}: {key} holds {list(value)}: YAML reads unquoted yes, no, on, off, true and "
+                f"false as booleans, not as the text in the file. Fix: quote them, e.g. "
+                f'{key}: ["yes"]'
+            )
     return schema
 
 

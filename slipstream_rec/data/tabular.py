@@ -298,7 +298,7 @@ class TabularSource(Source):
             fix = "label_rule: threshold and label_threshold: <the smallest value that means a click>"
         else:
             example = next((v for v in seen if v.lower() in _POSITIVE_WORDS), seen[0])
-            fix = f"label_rule: positive_values and label_positive_values: [{example}] (the values that mean a click)"
+            fix = f'label_rule: positive_values and label_positive_values: ["{example}"] (the values that mean a click, quoted)'
         return (
             f"label column {cfg.label_column!r} holds {shown}, which label_rule={cfg.label_rule} does "
             f"not read (it expects {expects}). Fix: in the schema, {fix}."
