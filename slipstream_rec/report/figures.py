@@ -87,7 +87,8 @@ def accuracy(runs: List[Run]) -> Tuple[List[Png], List[str]]:
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("Validation AUC and log loss (dashed: incomplete run)")
+    # the dashed-line key only where a dashed line is drawn
+    fig.suptitle("Validation AUC and log loss" + ("" if all(r.complete for r in runs) else " (dashed: incomplete run)"))
     return [_png(fig, "accuracy.png", "Validation AUC and log loss vs wall time and vs samples trained")], notes
 
 

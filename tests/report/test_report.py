@@ -288,3 +288,15 @@ def test_sweep_rejects_a_bad_point_before_running_anything(tmp_path):
     assert result.returncode == 2
     assert "point 1 (slipstream.target_skip_fraction=lots)" in result.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_the_accuracy_figure_keys_the_dashed_line_only_when_a_run_is_incomplete(runs, monkeypatch, capsys):
+    from slipstream_rec.report import figures
+    from slipstream_rec.report.runs import load_run
+
+    titles = []
+    monkeypatch.setattr(figures, "_png", lambda fig, *a: titles.append(fig._suptitle.get_text()) or None)
+    complete = [load_run(runs["off"]), load_run(runs["pp"])]
+    figures.accuracy(complete)
+    figures.accuracy(complete + [load_run(runs["crashed"])])
+    assert titles == ["Validation AUC and log loss", "Validation AUC and log loss (dashed: incomplete run)"]
