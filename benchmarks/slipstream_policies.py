@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -182,7 +183,9 @@ def main() -> None:
               f"train s {a['train_seconds'] - b['train_seconds']:+.1f}")
     out = ROOT / "benchmarks" / "results" / f"slipstream_{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
+    # the command that made this file, as the docs quote it
+    command = shlex.join([".venv/bin/python", "benchmarks/slipstream_policies.py", *sys.argv[1:]])
+    out.write_text(json.dumps({"command": command, "setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
                                "vary_seed": args.vary_seed, "flagged": flagged,
                                "runs": runs, "median": table}, indent=2) + "\n")
     print(f"raw: {out.relative_to(ROOT)}")
