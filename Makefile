@@ -4,12 +4,14 @@
 # `make image-check`: build docker/Dockerfile.cpu with docker or podman and try it (self-check,
 # 2-process training, torchx); `make image-check-gpu`: the GPU Dockerfile's install, without a GPU
 # (several GB of CUDA wheels). Both need only python3 (stdlib); see docs/images.md.
+# `make mutation-check`: deliberate one-line breaks of the core (tests/mutations/mutants.toml),
+# each run against the tests that must catch it; fails if any survives (docs/development.md).
 PYTHON ?= python3.11
 VENV   ?= .venv
 NPROC  ?= 2
 STAMP  := $(VENV)/.stack-installed
 
-.PHONY: demo test test-all install clean image-check image-check-gpu
+.PHONY: demo test test-all install clean image-check image-check-gpu mutation-check
 
 $(STAMP): pyproject.toml setup.py tools/install_stack.py
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (or: make PYTHON=python3)"; exit 1; }
@@ -27,6 +29,9 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "" $(ARGS)
+
+mutation-check: $(STAMP)
+	$(VENV)/bin/python tools/mutation_check.py $(ARGS)
 
 image-check:
 	python3 tools/image_check.py --variant cpu $(ARGS)

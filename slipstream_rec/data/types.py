@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torchrec.datasets.utils import Batch as TorchRecBatch
@@ -20,6 +21,17 @@ class Batch(TorchRecBatch):
     """
 
     weights: torch.Tensor = None  # type: ignore[assignment]  # (B,) float32; filled in __post_init__
+    # Slipstream's serve action (slipstream/serving.py). Before the ranks agree on the split:
+    # ``servable`` (B,) bool marks the samples whose lookups all hit the local replica of stale
+    # rows, ``served_pooled`` holds their pooled embeddings (n_servable, F, D) in sample order.
+    # After the split: ``sparse_features`` holds only the first S samples (the sharded part, S
+    # agreed by all ranks), the last B - S samples are answered by ``served_pooled``
+    # (B - S, F, D) and ``served_features`` (their ids, B - S samples; their gradients are pushed
+    # to the shards later, slipstream/push.py), and ``servable`` is None. All None: every sample
+    # goes through the shards.
+    servable: Optional[torch.Tensor] = None
+    served_pooled: Optional[torch.Tensor] = None
+    served_features: Optional[KeyedJaggedTensor] = None
 
     def __post_init__(self) -> None:
         if self.weights is None:
@@ -29,25 +41,33 @@ class Batch(TorchRecBatch):
     def batch_size(self) -> int:
         return int(self.labels.shape[0])
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
+    @property
+    def sharded_size(self) -> int:
+        """Samples that go through the sharded embeddings (all of them unless split for serving)."""
+        return int(self.sparse_features.stride())
+
+    def _map(self, fn) -> "Batch":  # type: ignore[no-untyped-def]
         return Batch(
-            dense_features=self.dense_features.to(device=device, non_blocking=non_blocking),
-            sparse_features=self.sparse_features.to(device=device, non_blocking=non_blocking),
-            labels=self.labels.to(device=device, non_blocking=non_blocking),
-            weights=self.weights.to(device=device, non_blocking=non_blocking),
+            dense_features=fn(self.dense_features),
+            sparse_features=fn(self.sparse_features),
+            labels=fn(self.labels),
+            weights=fn(self.weights),
+            servable=None if self.servable is None else fn(self.servable),
+            served_pooled=None if self.served_pooled is None else fn(self.served_pooled),
+            served_features=None if self.served_features is None else fn(self.served_features),
         )
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
+        return self._map(lambda t: t.to(device=device, non_blocking=non_blocking))
 
     def record_stream(self, stream: torch.Stream) -> None:
         super().record_stream(stream)
         self.weights.record_stream(stream)
+        if self.served_pooled is not None:
+            self.served_pooled.record_stream(stream)
 
     def pin_memory(self) -> "Batch":
-        return Batch(
-            dense_features=self.dense_features.pin_memory(),
-            sparse_features=self.sparse_features.pin_memory(),
-            labels=self.labels.pin_memory(),
-            weights=self.weights.pin_memory(),
-        )
+        return self._map(lambda t: t.pin_memory())
 
 
 def make_kjt(keys: list[str], ids: torch.Tensor) -> KeyedJaggedTensor:

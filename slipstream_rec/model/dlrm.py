@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -67,11 +67,33 @@ class DLRMTask(nn.Module):
     def __init__(self, dlrm: nn.Module) -> None:
         super().__init__()
         self.model = dlrm
+        # (served ids, leaf of their pooled embeddings) of the last training forward; the
+        # Slipstream controller takes it after backward (``take_served``).
+        self.served: Optional[Tuple[Any, torch.Tensor]] = None
+
+    def take_served(self) -> Optional[Tuple[Any, torch.Tensor]]:
+        served, self.served = self.served, None
+        # TorchRec's pipeline traces forward once with proxies: only a real forward counts.
+        return served if served is not None and isinstance(served[1], torch.Tensor) else None
 
     def forward(
         self, batch: Batch
     ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        dlrm = self.model
+        # TorchRec's DLRM.forward, with the pooled embeddings of the samples Slipstream serves
+        # from its local replica (slipstream/serving.py) appended after the sharded ones: the
+        # batch is ordered that way, so the dense network sees all B samples.
+        embedded_dense = dlrm.dense_arch(batch.dense_features)
+        embedded_sparse = dlrm.sparse_arch(batch.sparse_features)  # (S, F, D)
+        if batch.served_pooled is not None:
+            # A leaf of its own, so that the gradient the served samples owe their rows can be
+            # read after backward and pushed to the shards later (slipstream/push.py).
+            served = batch.served_pooled.detach().to(embedded_sparse.dtype).requires_grad_(self.training)
+            if self.training:
+                self.served = (batch.served_features, served)
+            embedded_sparse = torch.cat([embedded_sparse, served])
+        concatenated = dlrm.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
+        logits = dlrm.over_arch(concatenated).squeeze(-1)
         per_sample = nn.functional.binary_cross_entropy_with_logits(
             logits, batch.labels, reduction="none"
         )

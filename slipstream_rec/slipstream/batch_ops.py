@@ -159,23 +159,39 @@ def concat_batches(batches: Sequence[Batch]) -> Batch:
 
 def batch_to_state(batch: Batch) -> Dict[str, Any]:
     """A ``Batch`` as plain CPU tensors (for checkpoints): exactly what ``batch_from_state`` needs."""
-    kjt = batch.sparse_features
     return {
         "dense": batch.dense_features.detach().cpu().clone(),
+        **_kjt_to_state(batch.sparse_features),
+        "labels": batch.labels.detach().cpu().clone(),
+        "weights": batch.weights.detach().cpu().clone(),
+        # serving (slipstream/serving.py): the annotation of a batch built ahead, or the served
+        # part of a split batch; None for every other batch
+        "servable": None if batch.servable is None else batch.servable.detach().cpu().clone(),
+        "served_pooled": None if batch.served_pooled is None else batch.served_pooled.detach().cpu().clone(),
+        "served": None if batch.served_features is None else _kjt_to_state(batch.served_features),
+    }
+
+
+def _kjt_to_state(kjt: KeyedJaggedTensor) -> Dict[str, Any]:
+    return {
         "keys": list(kjt.keys()),
         "values": kjt.values().detach().cpu().clone(),
         "lengths": kjt.lengths().detach().cpu().clone(),
         "stride": int(kjt.stride()),
-        "labels": batch.labels.detach().cpu().clone(),
-        "weights": batch.weights.detach().cpu().clone(),
     }
+
+
+def _kjt_from_state(state: Dict[str, Any]) -> KeyedJaggedTensor:
+    return KeyedJaggedTensor(
+        keys=list(state["keys"]), values=state["values"], lengths=state["lengths"], stride=state["stride"]
+    )
 
 
 def batch_from_state(state: Dict[str, Any]) -> Batch:
     """Inverse of ``batch_to_state``."""
-    kjt = KeyedJaggedTensor(
-        keys=list(state["keys"]), values=state["values"], lengths=state["lengths"], stride=state["stride"]
-    )
+    served = state.get("served")
     return Batch(
-        dense_features=state["dense"], sparse_features=kjt, labels=state["labels"], weights=state["weights"]
+        dense_features=state["dense"], sparse_features=_kjt_from_state(state), labels=state["labels"],
+        weights=state["weights"], servable=state.get("servable"), served_pooled=state.get("served_pooled"),
+        served_features=None if served is None else _kjt_from_state(served),
     )

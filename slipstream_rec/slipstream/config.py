@@ -32,6 +32,15 @@ class Policy(Enum):
         return self in (Policy.paper, Policy.paper_plus, Policy.random)
 
 
+class Action(Enum):
+    """What a tracking policy does with an input whose lookups are all stale."""
+
+    skip = "skip"  # drop it (the paper): no lookup, no communication, no dense compute
+    # Answer its embeddings from the local replica of the stale rows (slipstream/replica.py): no
+    # embedding communication, and the dense network still trains on it. Nothing is dropped.
+    serve = "serve"
+
+
 class ChangeMetric(Enum):
     linf = "linf"  # largest absolute change of any element of the row (the paper's)
     rel_l2 = "rel_l2"  # L2 norm of the row's change / L2 norm of the row
@@ -43,6 +52,9 @@ class SlipstreamConfig:
 
     # off, track_only, paper, paper_plus or random (the control).
     policy: Policy = Policy.off
+    # What paper / paper_plus do with an input whose lookups are all stale: skip (drop it) or
+    # serve (answer it from a local replica of the stale rows, train the dense layers on it).
+    action: Action = Action.skip
 
     # --- hot-row discovery (on every shard, from what it looks up after the input all-to-all)
     # Lookups are counted during the first count_steps steps; hot rows are chosen at that step.
@@ -53,12 +65,23 @@ class SlipstreamConfig:
     hot_budget_mb: float = 256.0
     # A row needs at least this many counted lookups to be hot.
     min_count: int = 2
+    # Steps between two choices of the hot set after the first (a multiple of snapshot_interval;
+    # 0: chosen once, at count_steps, as in the paper). Lookups go on being counted on
+    # count_fraction of the steps, and at every such step the hot set is chosen again from the
+    # lookups of the window since the last choice, within the same budget: rows join and leave
+    # as the log drifts.
+    hot_refresh_steps: int = 0
 
     # --- snapshots and staleness
     # Steps between snapshots of the hot rows; the first is taken when hot rows are chosen.
     snapshot_interval: int = 50
     # How a row's change between two snapshots is measured: linf (paper) or rel_l2.
     change_metric: ChangeMetric = ChangeMetric.linf
+    # serve: steps between two pushes of the served samples' row gradients to the shards, each
+    # followed by a fresh copy of the replica from the shards (a divisor of snapshot_interval;
+    # 0: at every snapshot). Smaller: served inputs read rows fewer steps old and stale rows get
+    # their served gradients sooner, for an all-gather of the replica and a push each time.
+    replica_sync_steps: int = 0
     # Re-decide staleness at every snapshot, so a stale row that moves again is re-activated.
     # false: a row found stale stays stale for the rest of training (the paper).
     reactivate: bool = True
@@ -132,7 +155,18 @@ class SlipstreamConfig:
             ("count_steps", self.count_steps >= 1, "a positive step count"),
             ("count_fraction", 0 < self.count_fraction <= 1, "a fraction in (0, 1]"),
             ("min_count", self.min_count >= 1, "at least 1"),
+            (
+                "hot_refresh_steps",
+                self.hot_refresh_steps >= 0 and self.hot_refresh_steps % self.snapshot_interval == 0,
+                f"0 (choose the hot set once) or a multiple of slipstream.snapshot_interval={self.snapshot_interval}",
+            ),
             ("snapshot_interval", self.snapshot_interval >= 1, "a positive step count"),
+            (
+                "replica_sync_steps",
+                self.replica_sync_steps == 0
+                or (self.replica_sync_steps >= 1 and self.snapshot_interval % self.replica_sync_steps == 0),
+                f"0 (sync at every snapshot) or a divisor of slipstream.snapshot_interval={self.snapshot_interval}",
+            ),
             ("target_skip_fraction", 0 <= self.target_skip_fraction <= 1, "a fraction in [0, 1]"),
             ("max_threshold", self.max_threshold >= 0, "0 or more"),
             ("threshold_sample_size", self.threshold_sample_size >= 1, "a positive sample count"),
@@ -177,4 +211,26 @@ class SlipstreamConfig:
                 "(or raise slipstream.count_steps)",
             )
         )
+        if self.action is Action.serve:
+            # Serving answers a sample only when every lookup is a replica row, trains every
+            # sample at weight 1 and keeps the skip machinery out of it.
+            why = "slipstream.action=serve"
+            checks += [
+                ("policy", self.policy in (Policy.paper, Policy.paper_plus),
+                 f"paper or paper_plus with {why} (slipstream=serve): the others keep no stale set to serve"),
+                ("alpha", self.alpha == 1.0, f"1.0 with {why}: a sample is served only when all of its lookups are stale"),
+                ("keep_probability", self.keep_probability == 0, f"0 with {why}: nothing is dropped, so no sample is weighted back"),
+                ("negatives_only", not self.negatives_only, f"false with {why}: served samples of both labels still train"),
+                ("max_skip_fraction", self.max_skip_fraction == 1.0, f"1.0 with {why}: nothing is skipped"),
+                ("quality_check", not self.quality_check, f"false with {why}: it steers how many inputs are dropped"),
+            ]  # fmt: skip
         check_fields("slipstream", self, checks)
+
+    @property
+    def skips(self) -> bool:
+        """Whether the policy drops inputs (a skipping policy whose action is skip)."""
+        return self.policy.skips and self.action is Action.skip
+
+    @property
+    def serves(self) -> bool:
+        return self.action is Action.serve

@@ -39,6 +39,8 @@ from slipstream_rec.slipstream.classify import (
     threshold_for_target,
 )
 from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
+from slipstream_rec.slipstream.server import StaleServer
+from slipstream_rec.slipstream.serving import ServePlan
 from slipstream_rec.slipstream.lockstep import lockstep
 from slipstream_rec.slipstream.quality import QualityGovernor, QualityStats, group_stats
 from slipstream_rec.slipstream.rows import RowIndex, RowState
@@ -95,6 +97,15 @@ class SlipstreamController:
             else None
         )
         self.budget = hot_budget_bytes(cfg.hot_budget_mb)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if cfg.serves:
+            # The hot rows' snapshots (one copy over all shards) and the replica of the stale
+            # ones (a copy on every rank, stale rows being hot rows) share the budget: hot rows
+            # chosen within budget / (1 + world) keep both within it.
+            self.budget //= 1 + world
+        # serve: the replica of the stale rows and what serving owes (collective: all ranks).
+        self.server = StaleServer(self.tracker, self.index, feature_names) if cfg.serves else None
+        self.plan = self.server.plan if self.server is not None else ServePlan()
         self._count_every = max(1, round(1.0 / cfg.count_fraction))
         self.decider = SkipDecider(
             self.index,
@@ -106,7 +117,7 @@ class SlipstreamController:
             max_skip_fraction=cfg.max_skip_fraction,
             window_samples=cfg.window_samples,
             seed=seed * 1000 + rank,  # independent draws per rank, reproducible per run
-            enabled=cfg.policy.skips,
+            enabled=cfg.skips,
             negatives_only=cfg.negatives_only,
             random_fraction=cfg.random_skip_fraction,
             negative_downsampling=cfg.negative_downsampling,
@@ -118,7 +129,10 @@ class SlipstreamController:
         # control of a run starts skipping at that run's step (slipstream.warmup_steps).
         self.first_skip_step: Optional[int] = None
         self.hot_selection: Optional[Dict[str, Any]] = None
-        self.seconds = {"count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0, "quality": 0.0}
+        self.hot_turnover: List[Dict[str, int]] = []  # one entry per later choice of the hot set
+        self.seconds = {
+            "count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0, "quality": 0.0,
+        }  # fmt: skip
         self.quality = (
             QualityGovernor(
                 cfg.target_skip_fraction, cfg.quality_step, cfg.quality_min_gain, cfg.quality_z,
@@ -149,11 +163,11 @@ class SlipstreamController:
 
     def _decide(self, batch: Batch) -> Any:
         t0 = time.perf_counter()
-        if self.cfg.policy is Policy.off:  # keep all, classify nothing
+        if self.cfg.policy is Policy.off or self.cfg.serves:  # keep all, classify nothing here
             out = torch.ones(batch.batch_size, dtype=torch.bool), torch.ones(batch.batch_size)
         else:
             out = self.decider(batch)
-            if self.first_skip_step is None and self.cfg.policy.skips and not bool(out[0].all()):
+            if self.first_skip_step is None and self.cfg.skips and not bool(out[0].all()):
                 self.first_skip_step = self.step
         self.seconds["classify"] += time.perf_counter() - t0
         return out
@@ -176,7 +190,7 @@ class SlipstreamController:
         )
         if stream_state is not None:
             self.stream.load_state_dict(stream_state)
-        return lockstep(self.stream, on_drop=self._dropped, every=lockstep_every)
+        return lockstep(self.stream, on_drop=self._dropped, every=lockstep_every, plan=self.plan)
 
     def _dropped(self, n: int) -> None:
         self._streams_done["dropped"] += n
@@ -190,8 +204,35 @@ class SlipstreamController:
             self.stream = None
 
     # ---- step side (collectives on shared step numbers) -------------------------------------
+    def _snapshot_step(self, step: int) -> bool:
+        since = step - self.cfg.count_steps
+        return since >= 0 and since % self.cfg.snapshot_interval == 0
+
+    def _sync_step(self, step: int) -> bool:
+        """serve: a step after which the served gradients are pushed and the replica re-copied
+        (every snapshot, and every ``replica_sync_steps`` in between)."""
+        since, every = step - self.cfg.count_steps, self.cfg.replica_sync_steps or self.cfg.snapshot_interval
+        return since >= 0 and since % every == 0
+
+    def after_backward(self, task: Any) -> None:
+        """Called by every rank after the backward of each training step, before its optimizer
+        step; only ``serve`` acts there (``StaleServer.after_backward``: on a snapshot step, a
+        collective that pushes the served samples' row gradients before ``after_step``
+        snapshots the rows)."""
+        if self.server is not None:
+            self.server.after_backward(task, self._sync_step(self.step + 1))  # the step trained
+
     def _counts_step(self, step: int) -> bool:
-        return step <= self.cfg.count_steps and step % self._count_every == 0
+        window = step <= self.cfg.count_steps or self.cfg.hot_refresh_steps > 0
+        return window and step % self._count_every == 0
+
+    def _served_counts(self) -> Any:
+        return self.server.take_counts() if self.server is not None else None
+
+    def _refresh_step(self, step: int) -> bool:
+        since = step - self.cfg.count_steps
+        every = self.cfg.hot_refresh_steps
+        return every > 0 and since > 0 and since % every == 0
 
     def after_step(self, step: int) -> Optional[Dict[str, Any]]:
         """Called by every rank after each step; returns a record to log, or None."""
@@ -201,11 +242,14 @@ class SlipstreamController:
         cfg = self.cfg
         self.tracker.set_counting(self._counts_step(step + 1))
         since = step - cfg.count_steps
+        if self.server is not None and self._sync_step(step) and not self._snapshot_step(step):
+            # All ranks: the same rows copied again from the shards, which the push just updated.
+            self.server.rebuild(self.server.replica.keys)
         if since < 0 or since % cfg.snapshot_interval:
             return None
         t0 = time.perf_counter()
         if since == 0:
-            sel = self.tracker.select_hot(self.budget, int(cfg.min_count))
+            sel = self.tracker.select_hot(self.budget, int(cfg.min_count), self._served_counts())
             self.hot_selection = sel.__dict__
             if self.is_rank0:
                 logger.info(
@@ -214,6 +258,15 @@ class SlipstreamController:
                 )
         t1 = time.perf_counter()
         measured = self.tracker.snapshot()
+        if self._refresh_step(step):  # all ranks: the same step numbers
+            sel, joined, left = self.tracker.reselect_hot(self.budget, int(cfg.min_count), self._served_counts())
+            self.hot_selection = sel.__dict__
+            self.hot_turnover.append({"step": step, "hot_rows": sel.hot_rows, "joined": joined, "left": left})
+            if self.is_rank0:
+                logger.info(
+                    "slipstream: hot set chosen again at step %d: %d rows (%d joined, %d left)",
+                    step, sel.hot_rows, joined, left,
+                )
         t2 = time.perf_counter()
         decision = None
         if measured:
@@ -225,6 +278,13 @@ class SlipstreamController:
             if not cfg.reactivate and self.threshold is not None:
                 stale = self.row_state.stale_keys(self.threshold)
                 self._frozen_keys = torch.unique(torch.cat([self._frozen_keys, stale]))
+        if self.server is not None:
+            # All ranks (the stale set is the same on every rank): the replica follows it, so a
+            # row that moved again (change >= T) leaves it here. Before the first threshold, or
+            # in the warm-up, nothing is stale and the replica stays empty.
+            active = self._active_threshold()
+            stale = self.row_state.stale_keys(active) if active is not None else torch.zeros(0, dtype=torch.int64)
+            self.server.rebuild(stale)
         t3 = time.perf_counter()
         quality_s = decision["seconds"] if decision else 0.0
         self.seconds["sync"] += (t1 - t0) + (t3 - t2) - quality_s
@@ -234,6 +294,8 @@ class SlipstreamController:
         record["peak_state_bytes"] = self.peak_state_bytes()
         if decision is not None:
             record["quality"] = decision
+        if self.hot_turnover and self.hot_turnover[-1]["step"] == step:
+            record["hot_turnover"] = self.hot_turnover[-1]
         return record
 
     def _choose_threshold(self) -> Optional[Dict[str, Any]]:
@@ -311,12 +373,14 @@ class SlipstreamController:
             "row_state": self.row_state.state_dict(),
             "frozen_keys": self._frozen_keys.clone(),
             "hot_selection": self.hot_selection,
+            "hot_turnover": list(self.hot_turnover),
             "seconds": dict(self.seconds),
             "count_seconds": [m.count_seconds for m in self.tracker.modules] if self.tracker else [],
             "streams_done": dict(self._streams_done),
             "decider": self.decider.state_dict(),
             "quality": self.quality.state_dict() if self.quality is not None else None,
             "tracker": self.tracker.state_dict() if self.tracker is not None else None,
+            "server": self.server.state_dict() if self.server is not None else None,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> bool:
@@ -351,6 +415,7 @@ class SlipstreamController:
             self.row_state.replace(hot, change[hot])
             self._frozen_keys = state["frozen_stale"].nonzero().flatten()
         self.hot_selection = state["hot_selection"]
+        self.hot_turnover = list(state.get("hot_turnover", []))
         self.seconds.update(state["seconds"])
         self._streams_done.update(state["streams_done"])
         self.decider.load_state_dict(state["decider"])
@@ -361,6 +426,14 @@ class SlipstreamController:
                     "on. Fix: resume with slipstream.quality_check=false, or start a new run directory"
                 )
             self.quality.load_state_dict(state["quality"])
+        if (state.get("server") is None) != (self.server is None):
+            raise ValueError(
+                "the checkpoint was written with another slipstream.action than this run's "
+                f"({self.cfg.action.value}). Fix: resume with the action the run started with, or "
+                "start a new run directory"
+            )
+        if self.server is not None:
+            self.server.load_state_dict(state["server"])
         exact = True
         if self.tracker is not None:
             exact = self.tracker.load_state_dict(state["tracker"])
@@ -406,6 +479,9 @@ class SlipstreamController:
             # what the classifier and safeguards decided, whether or not the policy skips
             # (track_only: what paper_plus would have skipped on the same stream)
             "samples_would_skip": int(self.decider.totals.skipped),  # 0 under off: never asked
+            # serve: samples (and their lookups) answered from the replica; 0 for every other action
+            "samples_served": self.plan.samples_served,
+            "lookups_served": self.plan.lookups_served,
         }
 
     def global_counters(self) -> Dict[str, int]:
@@ -428,7 +504,11 @@ class SlipstreamController:
             "target_skip_fraction": self.target_skip_fraction(),
             "count_seconds": self.count_seconds(),
             **{f"{k}_seconds": v for k, v in self.seconds.items() if k != "count"},
+            "serve_seconds": self.plan.seconds,
+            "push_seconds": self.server.push_seconds if self.server is not None else 0.0,
         }
+        if self.server is not None:
+            record.update(self.server.record())
         if self.threshold is not None:
             stale = self.row_state.stale_keys(self.threshold)  # O(hot rows)
             record["stale_rows"] = int(stale.numel())
@@ -444,8 +524,11 @@ class SlipstreamController:
 
     def state_bytes(self) -> int:
         """Bytes of this rank's Slipstream per-row state now: the tracker's (hot keys, counts, hot
-        rows, snapshots), the published changes with their lookup view, the frozen keys."""
+        rows, snapshots), the published changes with their lookup view, the frozen keys, the
+        replica (serve)."""
         held = self.row_state.nbytes() + self._frozen_keys.numel() * 8
+        if self.server is not None:
+            held += self.server.nbytes()
         if self.tracker is not None:
             held += self.tracker.state_bytes()
         return int(held)
@@ -461,4 +544,5 @@ class SlipstreamController:
         return sum(m.count_seconds for m in self.tracker.modules)
 
     def overhead_seconds(self) -> float:
-        return self.count_seconds() + sum(v for k, v in self.seconds.items() if k != "count")
+        push = self.server.push_seconds if self.server is not None else 0.0
+        return self.count_seconds() + push + sum(v for k, v in self.seconds.items() if k != "count")

@@ -7,53 +7,63 @@ all ranks stop together, agreeing every step or, from batches built ahead, every
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 from slipstream_rec.data.types import Batch
 from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.slipstream.serving import ServePlan
 
 __all__ = ["lockstep"]
 
 
-def lockstep(batches: Iterator[Batch], on_drop: Any = None, every: int = 1) -> Iterator[Batch]:
-    """Yield while EVERY rank still has a batch; stop on all ranks together.
+def lockstep(
+    batches: Iterator[Batch], on_drop: Any = None, every: int = 1, plan: Optional[ServePlan] = None
+) -> Iterator[Batch]:
+    """Yield while EVERY rank still has a batch; stop on all ranks together; split each batch
+    between the shards and the local replica the same way on every rank.
 
     Collective: all ranks enter one MIN all-reduce per agreement. Without it, a rank whose stream
-    ran dry first would leave the others waiting in the next all-to-all until the timeout.
+    ran dry first would leave the others waiting in the next all-to-all until the timeout. The
+    same all-reduce carries, negated, the samples each rank needs to send through the shards
+    (``ServePlan.annotate``), so every rank learns the sharded size S of each batch (the MAX,
+    at least 1) with no extra collective; without a replica S is the batch size.
 
     ``every`` = 1: one agreement per batch. ``every`` = k > 1 (``batches`` must be a
     ``SkippingStream``): each rank builds its next k batches ahead (``prepare``), the ranks agree
     on the fewest any of them holds, n, and all hand out n batches with no further collective.
     A rank that runs out holds fewer than k, so it says so k steps ahead; n < k means the last
     agreement: every rank stops after those n and drops what it built beyond them. The
-    agreement falls on the same steps in an interrupted and resumed run (``agreed_ahead`` is
-    part of the stream's checkpoint).
+    agreement falls on the same steps in an interrupted and resumed run (``agreed_ahead`` and
+    ``agreed_shard`` are part of the stream's checkpoint).
     """
+    plan = plan if plan is not None else ServePlan()
     world = dist.get_world_size() if dist.is_initialized() else 1
     if every < 1:
         raise ValueError(f"trainer.lockstep_every_steps={every} must be >= 1 (1: agree every step)")
     if every > 1 and world > 1:
-        yield from _lockstep_ahead(batches, on_drop, every)
+        yield from _lockstep_ahead(batches, on_drop, every, plan)
         return
     while True:
         batch = next(batches, None)
+        needed = 0 if batch is None else plan.annotate(batch)
         if world > 1:
-            flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32)
+            flag = torch.tensor([0 if batch is None else 1, -needed], dtype=torch.int64)
             all_reduce_(flag, dist.ReduceOp.MIN)  # all ranks, every step
-            everyone = bool(flag.item())
+            everyone, sharded = bool(flag[0].item()), -int(flag[1].item())
         else:
-            everyone = batch is not None
+            everyone, sharded = batch is not None, needed
         if not everyone:
             if batch is not None and on_drop is not None:
                 on_drop(batch.batch_size)
             return
-        yield batch
+        assert batch is not None
+        yield plan.split(batch, max(1, sharded))
 
 
-def _lockstep_ahead(stream: Any, on_drop: Any, every: int) -> Iterator[Batch]:
+def _lockstep_ahead(stream: Any, on_drop: Any, every: int, plan: ServePlan) -> Iterator[Batch]:
     """``lockstep`` with one agreement every ``every`` batches (see there)."""
     assert hasattr(stream, "prepare"), "lockstep every k > 1 steps needs a SkippingStream"
     while True:
@@ -62,14 +72,18 @@ def _lockstep_ahead(stream: Any, on_drop: Any, every: int) -> Iterator[Batch]:
                 stream.drop_ready()  # counted by the stream as dropped at the end
                 return
             ready = stream.prepare(every)
-            n = torch.tensor([ready], dtype=torch.int64)
+            needed = [plan.annotate(b) for b in stream.ready_batches()[:every]]
+            needed += [0] * (every - len(needed))
+            n = torch.tensor([ready] + [-x for x in needed], dtype=torch.int64)
             all_reduce_(n, dist.ReduceOp.MIN)  # all ranks, once every `every` batches
-            agreed = int(n.item())
+            agreed = int(n[0].item())
             if agreed == 0:
                 stream.drop_ready()
                 return
             stream.agreed_ahead = agreed
+            stream.agreed_shard = [max(1, -int(x)) for x in n[1 : 1 + agreed].tolist()]
             stream.agreed_last = int(agreed < every)  # some rank holds no more after these
         batch = next(stream)
+        sharded = stream.agreed_shard.pop(0)
         stream.agreed_ahead -= 1  # before the yield: a checkpoint in between sees it handed out
-        yield batch
+        yield plan.split(batch, sharded)

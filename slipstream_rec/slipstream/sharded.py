@@ -24,6 +24,7 @@ from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionContext,
     ShardedEmbeddingBagCollection,
 )
+from torchrec.distributed.dist_data import KJTAllToAll
 from torchrec.distributed.types import LazyAwaitable, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedTensor
 
@@ -198,20 +199,71 @@ def discover_units(ebc: ShardedEmbeddingBagCollection) -> List[ShardUnit]:
     return units
 
 
+ROWS_UPDATED_EVERY = 10  # training calls between two measurements of the rows a step updates
+
+
 class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
-    """TorchRec's sharded EBC plus local lookup counting and hot-row snapshots.
+    """TorchRec's sharded EBC plus local lookup counting, hot-row snapshots and a byte meter.
 
     Counting happens in ``compute_and_output_dist``, the stage TorchRec's train pipelines call
     after the input all-to-all, so it sees exactly what each shard looks up. It runs only while
     ``counting`` is set (Slipstream's sampled counting steps) and the module is training, and is
     otherwise a single attribute check.
+
+    ``a2a_bytes`` counts, in training mode and for every policy, the bytes of the tensors this
+    rank gives to each embedding collective (forward hooks, installed as TorchRec creates the
+    modules): ``input`` (lengths, ids and per-id weights given to each ``KJTAllToAll``),
+    ``output`` (the local pooled embeddings given to each sharding's output dist: its
+    all-to-all, or reduce-scatter for row-wise) and ``gradient`` (the gradient of the pooled
+    embeddings received from it, which its backward sends back). Sizes include the share a rank
+    sends to itself; data-parallel tables have no collective and count nothing.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.a2a_bytes: Dict[str, int] = {"input": 0, "output": 0, "gradient": 0}
         super().__init__(*args, **kwargs)
         self.counting: bool = False  # set by the tracker on sampled steps
         self.count_seconds: float = 0.0  # time spent counting (Slipstream overhead)
         self._units: Optional[List[ShardUnit]] = None
+        self.calls = 0  # training calls of compute_and_output_dist
+        # rows the local shards looked up (and so update) per step, summed over measured steps
+        self.rows_updated = {"steps": 0, "rows": 0}
+        # The output dists' own collectives are created on their first call: meter the output
+        # dist of each communicating sharding (its first argument is what the collective gets).
+        for sharding_type, output_dist in zip(self._sharding_types, self._output_dists):
+            if sharding_type != ShardingType.DATA_PARALLEL.value:
+                output_dist.register_forward_pre_hook(self._count_output)
+                output_dist.register_forward_hook(self._watch_gradient)
+
+    # ---- the byte meter -----------------------------------------------------------------------
+    def _create_input_dist(self, *args: Any, **kwargs: Any) -> None:
+        super()._create_input_dist(*args, **kwargs)  # on the first input_dist call
+        for input_dist in self._input_dists:
+            for sub in input_dist.modules():
+                if isinstance(sub, KJTAllToAll):
+                    sub.register_forward_pre_hook(self._count_input)
+
+    def _count_input(self, _module: Any, args: Tuple[Any, ...]) -> None:
+        if self.training:
+            self.a2a_bytes["input"] += sum(t.numel() * t.element_size() for t in args[0].dist_tensors())
+
+    def _count_output(self, _module: Any, args: Tuple[Any, ...]) -> None:
+        if self.training:
+            self.a2a_bytes["output"] += args[0].numel() * args[0].element_size()
+
+    def _watch_gradient(self, _module: Any, _args: Any, awaitable: Any) -> None:
+        if not self.training:
+            return
+
+        def on_result(received: torch.Tensor) -> torch.Tensor:
+            if received.requires_grad:
+                received.register_hook(self._count_gradient)
+            return received
+
+        awaitable.callbacks.append(on_result)
+
+    def _count_gradient(self, grad: torch.Tensor) -> None:
+        self.a2a_bytes["gradient"] += grad.numel() * grad.element_size()
 
     @property
     def units(self) -> List[ShardUnit]:
@@ -222,9 +274,23 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
     def compute_and_output_dist(
         self, ctx: EmbeddingBagCollectionContext, input: KJTList
     ) -> LazyAwaitable[KeyedTensor]:
-        if self.counting and self.training:
-            self.count_lookups(input)
+        if self.training:
+            if self.counting:
+                self.count_lookups(input)
+            if self.calls % ROWS_UPDATED_EVERY == 0:
+                self._measure_rows_updated(input)
+            self.calls += 1
         return super().compute_and_output_dist(ctx, input)
+
+    @torch.no_grad()
+    def _measure_rows_updated(self, features: KJTList) -> None:
+        """Distinct rows of the local shards this step looks up: the rows its backward updates."""
+        rows = 0
+        for kjt in features:
+            for ids in torch.split(kjt.values(), kjt.length_per_key()):
+                rows += int(torch.unique(ids).numel())
+        self.rows_updated["steps"] += 1
+        self.rows_updated["rows"] += rows
 
     @torch.no_grad()
     def count_lookups(self, features: KJTList) -> None:

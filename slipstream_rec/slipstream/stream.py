@@ -72,6 +72,8 @@ class SkippingStream:
         # counter, kept here so that a checkpoint resumes on the same agreement schedule).
         self.agreed_ahead = 0
         self.agreed_last = 0  # 1: no agreement follows the current one (a rank ran out)
+        # The agreed sharded size S of each of those batches (serving splits them; lockstep).
+        self.agreed_shard: List[int] = []
         self._source_done = False
         self._finished = False
         self.samples_seen = 0  # rows pulled from the source and classified
@@ -194,6 +196,10 @@ class SkippingStream:
             self._ready.append(batch)
         return len(self._ready)
 
+    def ready_batches(self) -> List[Batch]:
+        """The batches built ahead, in the order they will be handed out (not copies)."""
+        return list(self._ready)
+
     def drop_ready(self) -> int:
         """Discard the batches built ahead (the run ends on another rank); returns their rows."""
         rows = sum(b.batch_size for b in self._ready)
@@ -245,6 +251,7 @@ class SkippingStream:
             "ready": [batch_to_state(b) for b in self._ready],
             "source_done": self._source_done,
             "finished": self._finished,
+            "agreed_shard": list(self.agreed_shard),
             **{k: getattr(self, k) for k in self._COUNTERS},
         }
 
@@ -259,6 +266,7 @@ class SkippingStream:
         self._finished = bool(state["finished"])
         for k in self._COUNTERS:
             setattr(self, k, int(state.get(k, 0)))
+        self.agreed_shard = [int(x) for x in state.get("agreed_shard", [])]
 
     def buffered_rows(self) -> int:
         """Rows pulled from the source but not yet emitted (look-ahead and carry)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -67,6 +67,11 @@ class StalenessTracker:
         self.hot_keys = torch.zeros(0, dtype=torch.int64)  # global flat keys of the hot rows, sorted
         self.peak_bytes = 0  # largest state_bytes() seen, transient copies and gathers included
 
+    @property
+    def feature_index(self) -> Dict[str, int]:
+        """Feature name -> its position in the row index (the flat key layout)."""
+        return self._feature_idx
+
     # ---- counting -------------------------------------------------------------------------
     def set_counting(self, on: bool) -> None:
         for module in self.modules:
@@ -78,32 +83,40 @@ class StalenessTracker:
 
     # ---- hot selection (collective) ---------------------------------------------------------
     @torch.no_grad()
-    def select_hot(self, budget_bytes: int, min_count: int) -> HotSelection:
+    def select_hot(
+        self, budget_bytes: int, min_count: int, extra: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    ) -> HotSelection:
         """Pick the most-counted rows that fit ``budget_bytes`` over all shards. Collective.
 
         The order is exact and the same on every rank: count descending (int64), then flat key
         ascending, so ties at the boundary are broken by key and the budget is never exceeded.
         A row's bytes are summed over all its shards (column shards, data-parallel replicas).
+        ``extra``: this rank's lookups that no shard saw, as (flat keys, counts): the samples
+        served from the replica (``serve``); summed over ranks and added to every shard's counts.
         """
+        empty = torch.zeros(0, dtype=torch.int64)
+        extra_keys, extra_counts = (t.cpu().to(torch.int64) for t in extra) if extra is not None else (empty, empty)
         replicated = sorted((u for u in self.units if u.replicated), key=lambda u: (u.table, u.col_offset))
         if dist.is_initialized() and dist.get_world_size() > 1:
-            # All ranks: data-parallel tables are counted from local batches only; sum the sparse
-            # counts over ranks. Every rank holds the same replicated units (possibly none), and
-            # enters the two gathers (keys, counts) either way.
+            # All ranks: data-parallel tables are counted from local batches only, and so are the
+            # extra lookups; sum both over ranks. Every rank holds the same replicated units
+            # (possibly none), and enters the two gathers (keys, counts) either way.
             rows = [u.sparse_counts() for u in replicated]
-            empty = torch.zeros(0, dtype=torch.int64)
-            keys = gather_varlen(
-                torch.cat([self._global_keys(u, r) for u, (r, _) in zip(replicated, rows)]) if rows else empty
-            )
-            counts = gather_varlen(torch.cat([c.cpu() for _, c in rows]) if rows else empty)
-            unique, inverse = torch.unique(keys, return_inverse=True)
-            summed = torch.zeros(unique.numel(), dtype=torch.int64).index_add_(0, inverse, counts)
+            keys = gather_varlen(torch.cat([*(self._global_keys(u, r) for u, (r, _) in zip(replicated, rows)), extra_keys]))
+            counts = gather_varlen(torch.cat([*(c.cpu() for _, c in rows), extra_counts]))
             for unit in replicated:
-                first = self._first_key(unit)
-                lo, hi = torch.searchsorted(unique, torch.tensor([first, first + unit.rows])).tolist()
-                unit.clear_counts()
-                if hi > lo:
-                    unit.add_counts(unique[lo:hi] - first, summed[lo:hi])
+                unit.clear_counts()  # replaced by the sums over ranks
+        else:
+            keys, counts = extra_keys, extra_counts
+        # A table is either data-parallel or sharded, so a key's sum is its data-parallel count
+        # over ranks plus its extra lookups, or its extra lookups alone.
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        summed = torch.zeros(unique.numel(), dtype=torch.int64).index_add_(0, inverse, counts)
+        for unit in self.units if unique.numel() else []:
+            first = self._first_key(unit)
+            lo, hi = torch.searchsorted(unique, torch.tensor([first, first + unit.rows])).tolist()
+            if hi > lo:
+                unit.add_counts((unique[lo:hi] - first).to(unit.weights.device), summed[lo:hi].to(unit.weights.device))
 
         # Each unit offers its rows with at least min_count lookups, in the global order, at most
         # floor(budget / row_bytes) + 1 of them: those alone exceed the budget, so a row a unit
@@ -142,7 +155,7 @@ class StalenessTracker:
         for unit in self.units:
             unit.hot_rows = self._local_rows(unit, self.hot_keys).to(unit.weights.device)
             unit.snapshot = None
-            unit.clear_counts()  # counting is over; free the memory
+            unit.clear_counts()  # this window's counting is over; free the memory
         self.row_state.reset()
         return HotSelection(
             min_count_used=int(row_count[chosen[-1]]) if fits else int(min_count),
@@ -151,6 +164,29 @@ class StalenessTracker:
             budget_bytes=int(budget_bytes),
             candidates=int(unique.numel()),
         )
+
+    @torch.no_grad()
+    def reselect_hot(
+        self, budget_bytes: int, min_count: int, extra: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    ) -> Tuple[HotSelection, int, int]:
+        """Choose the hot set again from the lookups counted since the last choice, right after a
+        snapshot (the hot set follows the data). Collective, like ``select_hot``.
+
+        Rows that stay hot keep the change the snapshot just measured; rows that leave lose
+        theirs (so they are stale no more); rows that join are snapshotted now and have no change
+        (never stale) until the next snapshot measures one. Returns (selection, joined, left).
+        """
+        old_keys, old_changes = self.row_state.keys.clone(), self.row_state.values.clone()
+        before = self.hot_keys
+        selection = self.select_hot(budget_bytes, min_count, extra)  # resets snapshots and changes
+        kept = torch.isin(old_keys, self.hot_keys)
+        self.row_state.replace(old_keys[kept], old_changes[kept])
+        for unit in self.units:  # weights unchanged since the snapshot: one copy serves all rows
+            if unit.hot_rows is not None and unit.hot_rows.numel():
+                unit.snapshot = unit.weights.index_select(0, unit.hot_rows).float()
+        joined = int((~torch.isin(self.hot_keys, before)).sum())
+        left = int((~torch.isin(before, self.hot_keys)).sum())
+        return selection, joined, left
 
     def _first_key(self, unit: ShardUnit) -> int:
         """Flat key of the unit's first local row."""

@@ -8,7 +8,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,13 @@ from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.config import PipelineKind, Precision, TrainerConfig
 from slipstream_rec.training.embedding_cache import embedding_cache_summary
+from slipstream_rec.training.embedding_traffic import (
+    embedding_traffic_summary,
+    load_traffic_state,
+    local_a2a_bytes,
+    per_sample,
+    traffic_state,
+)
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
 
@@ -66,6 +73,9 @@ class TimedTrainPipelineSparseDist(TrainPipelineSparseDist):
     def __init__(self, *args: Any, autocast_dtype: Optional[torch.dtype] = None, **kwargs: Any) -> None:
         # autocast_dtype: run the training forward under torch.autocast to this dtype (None: off).
         super().__init__(*args, **kwargs)
+        # Called after each training step's backward, before its optimizer step (Slipstream's
+        # serve pushes the served samples' gradients there: SlipstreamController.after_backward).
+        self.after_backward: Optional[Callable[[], None]] = None
         self.seconds: Dict[str, float] = {stage: 0.0 for stage in PIPELINE_STAGES}
         model_fwd = self._model_fwd
         device_type = self._device.type
@@ -98,6 +108,8 @@ class TimedTrainPipelineSparseDist(TrainPipelineSparseDist):
         self.seconds["backward"] += time.perf_counter() - start
 
     def _optimizer_step(self) -> None:
+        if self.after_backward is not None:
+            self.after_backward()
         start = time.perf_counter()
         super()._optimizer_step()
         self.seconds["optimizer"] += time.perf_counter() - start
@@ -204,6 +216,15 @@ class Trainer:
         self.resumed_from: Optional[Dict[str, Any]] = None
         self.faults = FaultInjector.from_env(env.rank)
         slipstream.scorer = self.score
+        if slipstream.cfg.serves:
+            if not isinstance(self.pipeline, TimedTrainPipelineSparseDist):
+                raise ValueError(
+                    f"trainer.pipeline={cfg.pipeline.value} cannot run slipstream.action=serve: the "
+                    "served samples' gradients are pushed between backward and optimizer step of "
+                    "the sparse_dist pipeline. Fix: trainer.pipeline=sparse_dist"
+                )
+            task = getattr(model, "module", model)
+            self.pipeline.after_backward = lambda: slipstream.after_backward(task)
 
     @torch.no_grad()
     def score(self, batch: Any) -> torch.Tensor:
@@ -272,18 +293,21 @@ class Trainer:
         ``total``). ``data``: loading and refilling batches; the pipeline stages (see
         ``TimedTrainPipelineSparseDist``); ``slipstream``: counting, classifying, snapshots and
         syncs (taken out of ``data`` and ``forward``, where counting and classifying run);
+        ``serving``: splitting batches between the shards and the replica and pooling the served
+        samples' embeddings from it (taken out of ``data``, where it runs);
         ``other``: the rest (logging, scheduler, pipeline bookkeeping)."""
         st = self.state
         total = self._live_train_seconds()
         stages = getattr(self.pipeline, "seconds", {stage: 0.0 for stage in PIPELINE_STAGES})
         ctl = self.slipstream
         parts = {
-            "data": max(0.0, st.data_seconds - ctl.seconds["classify"]),
+            "data": max(0.0, st.data_seconds - ctl.seconds["classify"] - ctl.plan.seconds),
             "input_all_to_all": stages["input_all_to_all"],
             "forward": max(0.0, stages["forward"] - ctl.count_seconds()),
             "backward": stages["backward"],
             "optimizer": stages["optimizer"],
             "slipstream": ctl.overhead_seconds(),
+            "serving": ctl.plan.seconds,
         }
         parts["other"] = max(0.0, total - sum(parts.values()))
         return {"total": total, **parts}
@@ -332,6 +356,10 @@ class Trainer:
                             "samples_trained": st.samples_trained,
                             "lr": self.scheduler.get_last_lr()[0],
                             **self.slipstream.state_record(),
+                            # this rank's embedding collectives so far, per sample it trained
+                            "a2a_bytes_per_sample": per_sample(
+                                local_a2a_bytes(self.model), st.step * self.cfg.batch_size
+                            ),
                             **{f"time_{k}": v for k, v in self.time_breakdown().items()},
                         },
                     )
@@ -401,6 +429,7 @@ class Trainer:
             "rng": capture_rng(),
             "slipstream": self.slipstream.state_dict(),
             "position": position,
+            "traffic": traffic_state(self.model),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> Dict[str, Any]:
@@ -417,6 +446,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         restore_rng(state["rng"])
         tracking_exact = self.slipstream.load_state_dict(state["slipstream"])
+        load_traffic_state(self.model, state.get("traffic", []))
         pos = state["position"]
         same_data = (
             state.get("same_world_size", False)
@@ -466,6 +496,7 @@ class Trainer:
             torch.tensor([self.slipstream.peak_state_bytes()], dtype=torch.int64), dist.ReduceOp.MAX
         )
         cache = embedding_cache_summary(self.model, self.env.device)  # all ranks
+        traffic = embedding_traffic_summary(self.model, self.slipstream, st.samples_trained)  # all ranks
         slip = self.slipstream.state_record(with_tables=True)
         return {
             "steps": st.step,
@@ -497,9 +528,11 @@ class Trainer:
             "slipstream_overhead_seconds": round(float(overhead.item()), 3),
             "slipstream_state_bytes": int(state_bytes.item()),
             "embedding_cache": cache,
+            **traffic,
             "time_breakdown_rank0": {k: round(v, 3) for k, v in self.time_breakdown().items()},
             "slipstream": {
                 "hot_selection": self.slipstream.hot_selection,
+                "hot_turnover": self.slipstream.hot_turnover,
                 "hot_rows_per_table": slip.get("hot_rows_per_table"),
                 "stale_rows_per_table": slip.get("stale_rows_per_table"),
                 "threshold_info": slip.get("threshold_info"),

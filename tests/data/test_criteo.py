@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -87,30 +89,59 @@ def test_gz_and_plain_convert_to_the_same_files(tmp_path):
     assert not list(tmp_path.glob(".*partial*"))  # work directories renamed away
 
 
-def test_vocabulary_round_trips_and_min_count(tmp_path):
+def _read_tsv_by_hand(path: Path):
+    """The reference: the TSV as Criteo documents it (label, 13 integers, 26 hex values; empty =
+    missing), read line by line with Python's own int(), not with the parser under test."""
+    labels, dense, keys = [], [], []
+    for text in path.read_text().splitlines():
+        f = text.split("\t")
+        labels.append(int(f[0]))
+        dense.append([math.log1p(max(int(v), 0)) if v else 0.0 for v in f[1:14]])
+        keys.append([int(v, 16) if v else None for v in f[14:40]])
+    return np.array(labels), np.array(dense), keys
+
+
+def _expected_ids(train_values, all_values, min_count: int):
+    """Ids as the encoding documents them: the values seen >= min_count times in the training rows,
+    sorted, get 2, 3, ...; every other value 1; missing 0."""
+    counts = Counter(v for v in train_values if v is not None)
+    kept = sorted(v for v, c in counts.items() if c >= min_count)
+    rank = {v: 2 + i for i, v in enumerate(kept)}
+    return [0 if v is None else rank.get(v, 1) for v in all_values], len(kept)
+
+
+def test_vocabulary_ids_dense_labels_and_split_against_a_hand_reading(tmp_path):
     path = write_tsv(tmp_path / "d.txt", 5000)
     out = convert(src([path], encoding=CategoricalEncoding(min_count=3)), tmp_path / "out")
-    vocab = Vocabulary.load(out)
-    # Re-encode the raw file with the saved vocabulary: identical ids, in the same row order.
-    _, _, _, keys, _ = parse_criteo_lines(path.read_bytes(), 0, 0)
+    labels, dense, keys = _read_tsv_by_hand(path)
     meta = load_meta(out)
-    ids = np.stack([vocab.encode(f"cat_{f}", keys[:, f]) for f in range(26)], axis=1)
-    stored = np.concatenate([np.load(out / f"{s}_sparse.npy") for s in ("train", "val", "test")])
-    assert np.array_equal(ids, stored)
+    # ordered split (the default): the last test_fraction of the rows to test, val before them
+    split = CriteoConfig().split
+    n_test, n_val = round(5000 * split.test_fraction), round(5000 * split.val_fraction)
+    assert meta.rows == {"train": 5000 - n_val - n_test, "val": n_val, "test": n_test}
     n_train = meta.rows["train"]
-    for f in (0, 5, 25):
-        k = keys[:n_train, f]
-        values, counts = np.unique(k[k >= 0], return_counts=True)
-        frequent = values[counts >= 3]
-        assert meta.num_embeddings_per_feature[f] == 2 + frequent.size  # 0 missing, 1 rare
-        col = stored[:n_train, f]
-        assert (col[k == -1] == 0).all()
-        rare = np.isin(k, values[counts < 3])
-        assert (col[rare] == 1).all() and (col[np.isin(k, frequent)] >= 2).all()
-    # values never seen in the training rows map to the rare id in val/test
-    seen = set(keys[:n_train, 0].tolist())
-    unseen = np.array([k not in seen and k >= 0 for k in keys[n_train:, 0].tolist()])
-    assert (stored[n_train:, 0][unseen] == 1).all()
+    stored = np.concatenate([np.load(out / f"{s}_sparse.npy") for s in ("train", "val", "test")])
+    stored_dense = np.concatenate([np.load(out / f"{s}_dense.npy") for s in ("train", "val", "test")])
+    stored_labels = np.concatenate([np.load(out / f"{s}_labels.npy") for s in ("train", "val", "test")])
+    assert stored_labels.reshape(-1).tolist() == labels.tolist()
+    np.testing.assert_allclose(stored_dense, dense, rtol=1e-6)  # every one of the 13 columns
+    rare_seen = 0
+    for f in range(26):
+        column = [row[f] for row in keys]
+        want, n_kept = _expected_ids(column[:n_train], column, min_count=3)
+        assert meta.num_embeddings_per_feature[f] == 2 + n_kept, f
+        assert stored[:, f].tolist() == want, f"cat_{f}"
+        rare_seen += want.count(1)
+    assert rare_seen > 0  # the data has rare and unseen values, so id 1 is exercised
+    # one id per kept value (injective): distinct kept values never share an id
+    column = [row[0] for row in keys[:n_train]]
+    pairs = {(v, int(i)) for v, i in zip(column, stored[:n_train, 0]) if v is not None}
+    kept_pairs = {p for p in pairs if p[1] >= 2}
+    assert len({v for v, _ in kept_pairs}) == len({i for _, i in kept_pairs}) == len(kept_pairs)
+    # the saved vocabulary encodes the raw file to the same ids (what later files are encoded with)
+    vocab = Vocabulary.load(out)
+    _, _, _, parsed, _ = parse_criteo_lines(path.read_bytes(), 0, 0)
+    assert np.array_equal(np.stack([vocab.encode(f"cat_{f}", parsed[:, f]) for f in range(26)], 1), stored)
 
 
 def test_hash_encoding_and_max_size_cap(tmp_path):

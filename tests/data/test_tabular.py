@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 from slipstream_rec.data.config import CategoricalEncoding, SplitConfig, TabularConfig
 from slipstream_rec.data.convert import BadRowsError, convert
 from slipstream_rec.data.loader import NpyBatchLoader, load_meta
-from slipstream_rec.data.tabular import TabularSource, text_key
+from slipstream_rec.data.tabular import TabularSource
 from slipstream_rec.data.vocab import Vocabulary
 
 from tests.data._clicks import make_clicks, write_csv, write_parquet
@@ -33,37 +35,56 @@ def conv(cfg: TabularConfig, out: Path, **kw) -> Path:
     return convert(TabularSource(cfg, chunk_bytes=20_000), out, **kw)
 
 
+def _key(text: str) -> int:
+    """The documented key of a categorical text: a 63-bit BLAKE2b hash of its UTF-8 bytes."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _id_map(texts) -> dict:
+    """The documented ids: the kept values (min_count 1: all seen in train), sorted by key -> 2 + rank."""
+    return {t: 2 + i for i, t in enumerate(sorted(set(texts), key=_key))}
+
+
 def test_csv_with_multi_hot_converts_and_loads(tmp_path):
-    cols = make_clicks(3000)
-    out = conv(schema([write_csv(tmp_path / "c.csv", cols)]), tmp_path / "out")
+    n = 3000
+    cols = make_clicks(n)
+    cols["row"] = [str(i) for i in range(n)]  # a dense column that tells which CSV row each row is
+    cfg = schema([write_csv(tmp_path / "c.csv", cols)], dense_columns=["price", "views", "row"])
+    out = conv(cfg, tmp_path / "out")
     meta = load_meta(out)
-    assert sum(meta.rows.values()) == 3000 and all(n > 200 for n in meta.rows.values())
     assert meta.format_version == 2
     assert meta.sparse_feature_names == ["user", "item", "tags"] and meta.multi_hot_feature_names == ["tags"]
-    assert meta.dense_feature_names == ["price", "views"]
-    # Every row, read back through the loader, has its tags as a bag of the right ids.
-    vocab = Vocabulary.load(out)
-    lines = []  # the loader's rows of train are the CSV rows assigned to train, in file order
-    loader = NpyBatchLoader(out, "train", batch_size=meta.rows["train"], train=True)
-    batch = next(iter(loader))
-    d = batch.sparse_features.to_dict()
-    labels = np.array(cols["click"], dtype=np.float32)
-    # find the train rows: match on (user id) sequence is ambiguous; rebuild the split instead
-    from slipstream_rec.data.convert import _uniform
-
-    u = _uniform(3, 0, np.arange(3000))
-    train_rows = np.flatnonzero(u >= 0.2)
-    assert np.array_equal(batch.labels.numpy(), labels[train_rows])
-    tags = [cols["tags"][i] for i in train_rows]
-    want_len = [len([t for t in s.split("|") if t]) for s in tags]
-    assert d["tags"].lengths().tolist() == want_len
-    want_vals = np.concatenate([vocab.encode("tags", np.array([text_key(t) for t in s.split("|") if t], dtype=np.int64)) for s in tags])
-    assert d["tags"].values().tolist() == want_vals.tolist()
-    assert d["user"].lengths().tolist() == [1] * len(train_rows)
-    want_users = vocab.encode("user", np.array([text_key(cols["user"][i]) for i in train_rows]))
-    assert d["user"].values().tolist() == want_users.tolist()
-    np.testing.assert_allclose(batch.dense_features[:, 1].numpy(), np.log1p([float(cols["views"][i]) for i in train_rows]), rtol=1e-6)
-    del lines
+    assert meta.dense_feature_names == ["price", "views", "row"]
+    rows = {}
+    for split in ("train", "val", "test"):
+        batch = next(iter(NpyBatchLoader(out, split, batch_size=meta.rows[split], train=False)))
+        rows[split] = (batch, np.rint(np.expm1(batch.dense_features[:, 2].numpy().astype(np.float64))).astype(int))
+    # The random split: every CSV row in exactly one split, each split near its configured fraction
+    # (binomial, 5 sigma), and the held-out rows spread over the file rather than one block.
+    placed = np.concatenate([r for _, r in rows.values()])
+    assert sorted(placed.tolist()) == list(range(n))
+    for split, frac in (("val", cfg.split.val_fraction), ("test", cfg.split.test_fraction)):
+        got = rows[split][1]
+        assert abs(got.size - frac * n) < 5 * (n * frac * (1 - frac)) ** 0.5, (split, got.size)
+        assert got.min() < n / 4 and got.max() > 3 * n / 4, split
+    train_rows = rows["train"][1]
+    assert np.all(np.diff(train_rows) > 0)  # file order
+    user_ids = _id_map(cols["user"][i] for i in train_rows)
+    item_ids = _id_map(cols["item"][i] for i in train_rows)
+    tag_ids = _id_map(t for i in train_rows for t in cols["tags"][i].split("|") if t)
+    assert len(Vocabulary.load(out).kept["tags"]) == len(tag_ids)
+    for split, (batch, idx) in rows.items():
+        d = batch.sparse_features.to_dict()
+        assert batch.labels.numpy().tolist() == [float(cols["click"][i]) for i in idx], split
+        want_dense = [[math.log1p(max(float(cols[c][i]), 0.0)) for c in ("price", "views", "row")] for i in idx]
+        np.testing.assert_allclose(batch.dense_features.numpy(), want_dense, rtol=1e-6)
+        assert d["user"].lengths().tolist() == [1] * idx.size
+        assert d["user"].values().tolist() == [user_ids.get(cols["user"][i], 1) for i in idx], split
+        assert d["item"].values().tolist() == [item_ids.get(cols["item"][i], 1) for i in idx], split
+        bags = [[t for t in cols["tags"][i].split("|") if t] for i in idx]
+        assert d["tags"].lengths().tolist() == [len(b) for b in bags], split
+        assert d["tags"].values().tolist() == [tag_ids.get(t, 1) for b in bags for t in b], split
+    assert 1 in rows["val"][0].sparse_features.to_dict()["user"].values().tolist()  # unseen users
 
 
 def test_parquet_tsv_and_csv_give_the_same_dataset(tmp_path):

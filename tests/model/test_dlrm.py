@@ -73,3 +73,24 @@ def test_inconsistent_sizes_name_the_key(kwargs, key):
 def test_feature_and_table_counts_must_agree():
     with pytest.raises(ValueError, match="meta.json"):
         embedding_bag_configs(ModelConfig(), FEATURES, ROWS[:2])
+
+
+def test_a_bag_of_ids_pools_to_the_sum_of_its_rows():
+    """Multi-hot features: each sample's embedding is the sum of its ids' rows (DLRM's pooling),
+    an empty bag gives zeros, checked against the table's weights by hand."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    cfg = ModelConfig(embedding_dim=4, dense_arch_layer_sizes=[4], over_arch_layer_sizes=[4, 1])
+    model = build_model(cfg, 13, FEATURES, ROWS, torch.device("cpu"), embedding_device=torch.device("cpu"))
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    bags = {"a": [[1, 2, 2], [], [9]], "b": [[0], [5, 19], []], "c": [[29, 3, 7, 11], [4], [4, 4]]}
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=FEATURES,
+        values=torch.tensor([i for f in FEATURES for bag in bags[f] for i in bag]),
+        lengths=torch.tensor([len(bag) for f in FEATURES for bag in bags[f]]),
+    )
+    pooled = ebc(kjt).to_dict()
+    for f in FEATURES:
+        weight = ebc.embedding_bags[f"t_{f}"].weight.detach()
+        want = torch.stack([weight[bag].sum(0) if bag else torch.zeros(4) for bag in bags[f]])
+        torch.testing.assert_close(pooled[f].detach(), want)

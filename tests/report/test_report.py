@@ -290,6 +290,38 @@ def test_sweep_rejects_a_bad_point_before_running_anything(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
+def test_figures_plot_the_records_of_each_run(runs, monkeypatch):
+    """What the accuracy and skipping figures draw is each run's records, read here straight
+    from metrics.jsonl: every validation evaluation (AUC and log loss, vs time and samples) and
+    every train record's skip fraction and threshold, in order, one line per run."""
+    from slipstream_rec.report import figures
+    from slipstream_rec.report.runs import load_run
+
+    drawn = {}
+    monkeypatch.setattr(figures, "_png", lambda fig, name, title: drawn.__setitem__(name, fig))
+    labels = ["off", "pp"]
+    loaded = [load_run(runs[k]) for k in labels]
+    records = {k: [json.loads(line) for line in (runs[k] / "metrics.jsonl").read_text().splitlines()] for k in labels}
+    figures.accuracy(loaded)
+    axes = drawn["accuracy.png"].axes  # row-major: (auc, logloss) x (time, samples_trained)
+    for ax, (x, y) in zip(axes, [("time", "auc"), ("samples_trained", "auc"), ("time", "logloss"), ("samples_trained", "logloss")]):
+        lines = ax.get_lines()
+        assert len(lines) == len(labels)
+        for line, k in zip(lines, labels):
+            val = [r for r in records[k] if r["kind"] == "eval" and r["split"] == "val"]
+            assert len(val) >= 3, k  # evaluations every 40 of 120 steps
+            assert list(line.get_xdata()) == [r[x] for r in val] and list(line.get_ydata()) == [r[y] for r in val], (k, x, y)
+    figures.skipping(loaded)
+    skip_ax, thr_ax = drawn["skipping.png"].axes[:2]
+    for ax, key in ((skip_ax, "skip_fraction"), (thr_ax, "threshold")):
+        train_lines = [line for line in ax.get_lines() if line.get_linestyle() != "None"]
+        for k in labels:
+            want = [(r["time"], r[key]) for r in records[k] if r["kind"] == "train" and isinstance(r.get(key), (int, float))]
+            if want:
+                line = train_lines.pop(0)
+                assert list(zip(line.get_xdata(), line.get_ydata())) == want, (k, key)
+    pp_skips = [r["skip_fraction"] for r in records["pp"] if r["kind"] == "train"]
+    assert max(pp_skips) > 0  # paper_plus skipped, so the skip panel's second line is not flat
 def test_the_accuracy_figure_keys_the_dashed_line_only_when_a_run_is_incomplete(runs, monkeypatch, capsys):
     from slipstream_rec.report import figures
     from slipstream_rec.report.runs import load_run

@@ -50,7 +50,7 @@ def _naive(kjt, idx, change, stale, alpha):
 def test_against_naive_loop(max_len: int, empty_every: int, alpha: float) -> None:
     gen = torch.Generator().manual_seed(max_len * 100 + empty_every)
     idx = RowIndex(KEYS, NUMS)
-    for trial in range(4):
+    for trial in range(5):  # each threshold once, the infinite one included
         st = _state(gen, idx)
         kjt = random_kjt(gen, KEYS, NUMS, batch=37, max_len=max_len, empty_sample_every=empty_every)
         if max_len == 1:  # also the loader's layout: exactly one id per bag

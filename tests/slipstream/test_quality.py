@@ -9,6 +9,8 @@ is tests/checkpoint/test_resume.py: paper_plus has it on.)
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -125,18 +127,24 @@ def quality_worker(env, modes):
     cfg.validate()
     ctl = SlipstreamController(cfg, dmp, FEATURES, ROWS, LOCAL_BATCH, seed=0, rank=env.rank)
     checks = iter(modes)
+    model_ref = {}
 
     def scorer(batch):
         mode = next(checks)
+        values = gather_varlen(per_sample_max_change(batch.sparse_features, ctl.index, ctl.row_state))
+        t_max, _ = threshold_for_target(values, MAX_D, cfg.max_threshold)
+        cand = skippable_by_threshold(batch.sparse_features, ctl.index, ctl.row_state, t_max, 1.0)
         if mode == "model":
             dmp.eval()
             with torch.no_grad():
                 _, (_, logits, _, _) = dmp(batch)
             dmp.train()
+            # the reference decision, from both ranks' per-sample log losses
+            losses = torch.nn.functional.binary_cross_entropy_with_logits(
+                logits.detach().float().view(-1), batch.labels.view(-1).float(), reduction="none")
+            model_ref["losses"] = gather_varlen(losses.double())
+            model_ref["cand"] = gather_varlen(cand.to(torch.int64)).bool()
             return logits
-        values = gather_varlen(per_sample_max_change(batch.sparse_features, ctl.index, ctl.row_state))
-        t_max, _ = threshold_for_target(values, MAX_D, cfg.max_threshold)
-        cand = skippable_by_threshold(batch.sparse_features, ctl.index, ctl.row_state, t_max, 1.0)
         sign = batch.labels.view(-1) * 2 - 1
         if mode == "easy":
             return torch.where(cand, 6.0 * sign, torch.zeros_like(sign))
@@ -157,13 +165,19 @@ def quality_worker(env, modes):
         record = ctl.after_step(step)
         if record is not None and "quality" in record:
             q = record["quality"]
-            decisions.append((q["step"], q["better"], q["target_after"], q["n_c"], q["n_o"]))
+            decisions.append((q["step"], q["better"], q["target_after"], q["n_c"], q["n_o"], q["target_before"]))
             assert record["target_skip_fraction"] == q["target_after"]
     state = ctl.state_dict()
     fresh = SlipstreamController(cfg, _sharded("row_wise")[0], FEATURES, ROWS, LOCAL_BATCH, seed=0, rank=env.rank)
     fresh.load_state_dict(state)
     assert fresh.target_skip_fraction() == ctl.target_skip_fraction()
     assert fresh.quality.state_dict() == ctl.quality.state_dict()
+    if "losses" in model_ref:  # the documented rule: candidates' mean loss below (1 - min_gain)
+        l, c = model_ref["losses"], model_ref["cand"]  # times the others' by more than z se
+        lc, lo = l[c], l[~c]
+        se = math.sqrt(float(lc.var()) / lc.numel() + float(lo.var()) / lo.numel())
+        better = (1 - cfg.quality_min_gain) * float(lo.mean()) - float(lc.mean()) > cfg.quality_z * se
+        decisions.append(("reference", better, int(c.sum()), int((~c).sum())))
     return decisions
 
 
@@ -172,10 +186,15 @@ def test_controller_steers_d_identically_on_every_rank():
     results = run_workers(quality_worker, WORLD, modes=modes)
     assert results[0] == results[1], "ranks took different quality decisions"
     decisions = results[0]
+    ref = decisions.pop()  # the reference decision for the last ("model") check
     assert len(decisions) == len(modes)
     targets = [d[2] for d in decisions]
     # hard: 0.5 -> 0.3 -> 0.1 -> 0.0; easy: back up in steps of 0.2 to the ceiling 0.5
     assert targets[:7] == [pytest.approx(v) for v in (0.3, 0.1, 0.0, 0.2, 0.4, 0.5, 0.5)]
     assert [d[1] for d in decisions[:7]] == [False] * 3 + [True] * 4
     assert all(d[3] >= 2 and d[4] >= 2 for d in decisions), "each group must be measured"
-    assert decisions[-1][2] in (pytest.approx(0.3), pytest.approx(0.5))  # the real forward decided
+    # the real forward decided: as the documented rule decides on the same losses, from D = 0.5
+    model = decisions[-1]
+    assert ref[0] == "reference" and (model[3], model[4]) == (ref[2], ref[3])
+    assert model[1] == ref[1] and model[5] == pytest.approx(MAX_D)
+    assert model[2] == pytest.approx(MAX_D if ref[1] else MAX_D - 0.2)

@@ -134,7 +134,8 @@ def staleness_worker(env, kind: str):
     def published():
         return state.dense_change()
 
-    move(lambda k: 0.001 * (k % 7).float())
+    # odd keys move down: the change is the largest absolute move, whatever its sign
+    move(lambda k: 0.001 * (k % 7).float() * (1 - 2 * (k % 2)).float())
     assert tracker.snapshot() is True
     first = published()
     hot = tracker.hot_keys

@@ -1,0 +1,121 @@
+"""Slipstream's serve action on one rank: the replica, the batch split, and what serving owes.
+
+The controller owns one ``StaleServer`` under ``slipstream.action=serve`` and calls it at three
+points of every step, all on step numbers every rank shares:
+- the data side splits each batch between the shards and the replica (``plan``, via lockstep);
+- after backward (``after_backward``): the served samples' row gradients are summed and, on a
+  snapshot step, pushed through the shards (``push.py``); on a counted step their lookups are
+  counted, since no shard sees them and the hot set must still see their rows looked up;
+- after the snapshot (``rebuild``): the replica follows the new stale set.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.slipstream.push import ServedGradients
+from slipstream_rec.slipstream.replica import StaleReplica
+from slipstream_rec.slipstream.rows import RowIndex
+from slipstream_rec.slipstream.serving import ServePlan
+from slipstream_rec.slipstream.tracker import StalenessTracker
+
+__all__ = ["StaleServer"]
+
+Counts = Tuple[torch.Tensor, torch.Tensor]  # (sorted flat keys, int64 counts)
+
+
+class StaleServer:
+    """Replica, split plan, served gradients and served lookup counts of one rank."""
+
+    def __init__(self, tracker: StalenessTracker, index: RowIndex, feature_names: List[str]) -> None:
+        # Collective (all ranks): the embedding dim is agreed by a MAX all-reduce, as a rank may
+        # hold no shard at all.
+        units = tracker.units
+        dims = {u.table: u.col_offset + u.cols for u in units}
+        local = max(dims.values()) if dims else 0
+        dim = int(all_reduce_(torch.tensor([local], dtype=torch.int64), dist.ReduceOp.MAX).item())
+        if any(d != dim for d in dims.values()):
+            raise ValueError(
+                "slipstream.action=serve needs one embedding dim for every table (model.embedding_dim); "
+                f"the tables here have {sorted(set(dims.values()))}"
+            )
+        device = units[0].weights.device if units else torch.device("cpu")
+        self.tracker = tracker
+        self.index = index
+        self.feature_names = list(feature_names)
+        self.replica = StaleReplica(index, dim, device)
+        self.plan = ServePlan(self.replica)
+        self.grads = ServedGradients(index, dim)
+        self.push_seconds = 0.0
+        self._counts: List[Counts] = []  # served lookups of counted steps, merged lazily
+
+    # ---- after backward (collective on snapshot steps) ----------------------------------------
+    def after_backward(self, task: Any, snapshot_step: bool) -> None:
+        """Take the gradient the served samples' pooled embeddings received (``DLRMTask``) and add
+        it to their rows' sums; count their lookups on a counted step; on a snapshot step push
+        the sums (all ranks: ``snapshot_step`` is the same on every rank)."""
+        served = task.take_served()
+        if served is not None and served[1].grad is not None:
+            self.grads.add(served[0], served[1].grad)
+            if self.tracker.modules[0].counting:
+                keys = self.index.flat_keys(served[0].to(torch.device("cpu")))
+                self._counts.append(torch.unique(keys, return_counts=True))
+        if snapshot_step:
+            t0 = time.perf_counter()
+            sent = self.grads.push(self.tracker.units, self.tracker.feature_index)  # all ranks
+            self.tracker.modules[0].a2a_bytes["gradient"] += sent  # the push carries gradients
+            self.push_seconds += time.perf_counter() - t0
+
+    def take_counts(self) -> Optional[Counts]:
+        """The served lookups counted since the last call, merged; None if there were none."""
+        merged = self._merged()
+        self._counts = []
+        return merged
+
+    def _merged(self) -> Optional[Counts]:
+        if not self._counts:
+            return None
+        keys = torch.cat([k for k, _ in self._counts])
+        counts = torch.cat([c for _, c in self._counts])
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        merged = (unique, torch.zeros(unique.numel(), dtype=torch.int64).index_add_(0, inverse, counts))
+        self._counts = [merged]
+        return merged
+
+    # ---- after the snapshot (collective) ------------------------------------------------------
+    def rebuild(self, stale_keys: torch.Tensor) -> None:
+        """The replica becomes the rows ``stale_keys`` (identical on every rank). Collective."""
+        self.replica.rebuild(self.tracker.units, stale_keys, self.tracker.feature_index)
+
+    # ---- reporting and checkpointing (local) --------------------------------------------------
+    def record(self) -> Dict[str, Any]:
+        plan = self.plan
+        return {
+            "replica_rows": self.replica.rows,
+            "replica_bytes": self.replica.nbytes(),
+            "replica_joined": self.replica.joined,
+            "replica_left": self.replica.left,
+            "served_fraction": plan.samples_served / max(1, plan.samples_split),
+        }
+
+    def nbytes(self) -> int:
+        return self.replica.nbytes() + int(self.grads.keys.numel() * 8 + self.grads.grads.numel() * 4)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "plan": self.plan.state_dict(),
+            "grads": self.grads.state_dict(),
+            "counts": self._merged(),
+            "push_seconds": self.push_seconds,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.plan.load_state_dict(state["plan"])
+        self.grads.load_state_dict(state["grads"], self.replica.device)
+        self._counts = [state["counts"]] if state["counts"] is not None else []
+        self.push_seconds = float(state["push_seconds"])

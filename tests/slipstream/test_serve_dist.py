@@ -1,0 +1,235 @@
+"""Serving on 2 gloo ranks: one training step of ``serve`` equals one of ``off``, on every sharding type.
+
+Two copies of the same DLRM are sharded the same way and loaded with the same weights: ``off``
+trains one global batch through the shards; ``serve`` first copies a set of rows into the local
+replica (a collective: the values must come from every rank's shards), splits each rank's half of
+the batch between the shards and the replica (the ranks agree on the sharded size in
+``lockstep``), trains it, pushes the served samples' row gradients through the shards and steps.
+
+The expectations come from ``off`` on the unsplit batch, and from the reference weights:
+- the replica holds exactly the reference rows it was given;
+- every rank's sharded size is the largest number of samples any rank needs to send;
+- logits equal ``off``'s sample by sample (the split reorders the batch: mapped back), and the
+  dense gradients equal ``off``'s (the loss is a mean over the same samples);
+- with SGD (linear, stateless), one step of the shard gradient in backward plus the pushed sum of
+  the served gradient moves every row exactly as ``off``'s single step does; with the tables'
+  learning rate 0 nothing moves at all (the issue's "rows that do not change").
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist_harness import run_workers
+from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
+
+KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]  # sharding.type
+DIM = 8
+
+
+def _models(kind: str, lr: float):
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from slipstream_rec.model.config import ModelConfig
+    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
+    from slipstream_rec.optim import (
+        DenseOptimConfig, DenseOptimizerKind, EmbeddingOptimConfig, EmbeddingOptimizerKind, OptimConfig,
+        build_optimizer,
+    )  # fmt: skip
+    from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
+    from slipstream_rec.sharding.plan import describe_plan, shard_model
+    from slipstream_rec.sharding.state import load_full_state_dict
+    from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
+
+    cfg = ModelConfig(embedding_dim=DIM, dense_arch_layer_sizes=[16, DIM], over_arch_layer_sizes=[16, 1])
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)  # the same reference on every rank
+    ref = build_model(cfg, 13, FEATURES, ROWS, cpu, embedding_device=cpu)
+    full = {k: v.detach().clone() for k, v in ref.state_dict().items()}
+    # SGD everywhere; data-parallel tables step in optimizer.step() with optim.embedding's lr.
+    optim_cfg = OptimConfig(
+        embedding=EmbeddingOptimConfig(type=EmbeddingOptimizerKind.sgd, lr=lr),
+        dense=DenseOptimConfig(type=DenseOptimizerKind.sgd, lr=0.1),
+    )
+    out = []
+    for _ in ("off", "serve"):
+        model = build_model(cfg, 13, FEATURES, ROWS, cpu)
+        tables = [p for n, p in model.named_parameters() if "embedding_bags" in n]
+        apply_optimizer_in_backward(torch.optim.SGD, tables, {"lr": lr})  # lr 0 allowed here
+        sharding = ShardingConfig(type=ShardingKind[kind], column_shard_dim=4)
+        dmp = shard_model(model, sharding, embedding_bag_configs(cfg, FEATURES, ROWS), cpu, LOCAL_BATCH)
+        assert set(describe_plan(dmp).values()) == {kind}
+        load_full_state_dict(dmp, full)
+        optimizer, _ = build_optimizer(dmp, optim_cfg)
+        ebc = [m for m in dmp.modules() if isinstance(m, SlipstreamShardedEBC)]
+        out.append((dmp, optimizer, ebc[0] if ebc else None))
+    return full, out
+
+
+def _replica_keys(index):
+    # Every row that samples 0, 4, 8, 12 of the global batch look up: each rank's half then has
+    # two servable samples (at least; others may be servable by chance), and the rest need the
+    # shards.
+    from slipstream_rec.slipstream.batch_ops import select_kjt
+
+    whole = _slice_batch(0, WORLD * LOCAL_BATCH).sparse_features
+    return torch.unique(index.flat_keys(select_kjt(whole, torch.arange(0, WORLD * LOCAL_BATCH, 4))))
+
+
+def serve_step_worker(env, kind: str, lr: float):
+    from slipstream_rec.distributed import gather_varlen
+    from slipstream_rec.slipstream.lockstep import lockstep
+    from slipstream_rec.slipstream.push import ServedGradients
+    from slipstream_rec.slipstream.replica import StaleReplica
+    from slipstream_rec.slipstream.rows import RowIndex
+    from slipstream_rec.slipstream.serving import ServePlan
+
+    full, ((off, off_opt, _), (serve, serve_opt, ebc)) = _models(kind, lr)
+    index = RowIndex(FEATURES, ROWS)
+    replica = StaleReplica(index, DIM, torch.device("cpu"))
+    keys = _replica_keys(index)
+    replica.rebuild(ebc.units, keys, {f: i for i, f in enumerate(FEATURES)})  # all ranks
+    assert torch.equal(replica.keys, keys)
+    feature, rows = index.from_flat(keys)
+    for f, name in enumerate(FEATURES):
+        expected = full[f"model.sparse_arch.embedding_bag_collection.embedding_bags.t_{name}.weight"]
+        torch.testing.assert_close(replica.values[feature == f], expected[rows[feature == f]], rtol=0, atol=0)
+
+    lo, hi = env.rank * LOCAL_BATCH, (env.rank + 1) * LOCAL_BATCH
+    batch = _slice_batch(lo, hi)
+    needed = int((~replica.servable(batch.sparse_features)).sum())
+    plan = ServePlan(replica)
+    split = next(lockstep(iter([_slice_batch(lo, hi)]), plan=plan))  # all ranks: the agreement
+    sizes = gather_varlen(torch.tensor([split.sharded_size, needed]))
+    assert split.sharded_size == max(1, int(sizes[1::2].max())), sizes  # every rank: the MAX
+    assert split.batch_size == LOCAL_BATCH and split.served_pooled.shape[0] == LOCAL_BATCH - split.sharded_size
+
+    # off on the unsplit batch
+    off_opt.zero_grad()
+    loss, (_, off_logits, _, _) = off(batch)
+    loss.backward()
+    off_opt.step()
+    # serve on the split batch, then the push, then the step
+    serve_opt.zero_grad()
+    loss, (_, logits, labels, _) = serve(split)
+    loss.backward()
+    grads = ServedGradients(index, DIM)
+    served = serve.module.take_served()
+    assert served is not None and served[1].grad is not None
+    grads.add(*[served[0], served[1].grad])
+    grads.push(ebc.units, {f: i for i, f in enumerate(FEATURES)})  # all ranks
+    serve_opt.step()
+
+    # the split's order: the samples that need the shards, then the servable ones
+    mask = replica.servable(batch.sparse_features)
+    order = torch.cat([(~mask).nonzero().view(-1), mask.nonzero().view(-1)])
+    torch.testing.assert_close(logits, off_logits[order], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(labels, batch.labels[order])
+    off_params = dict(off.named_parameters())
+    dense = 0
+    for name, param in serve.named_parameters():
+        if "embedding_bags" not in name:
+            torch.testing.assert_close(param.grad, off_params[name].grad, rtol=1e-4, atol=1e-6)
+            dense += 1
+    assert dense > 0
+    # Every table, shard by shard: serve's rows equal off's; count the rows that moved at all.
+    off_state, moved, checked = off.state_dict(), 0, 0
+    for key, value in serve.state_dict().items():
+        if "embedding_bags" not in key:
+            continue
+        for mine, theirs, start in _shards(value, off_state[key], full[key]):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+            moved += int((mine != start).any(dim=1).sum())
+            checked += mine.shape[0]
+    assert checked > 0
+    return {"sharded": split.sharded_size, "served": LOCAL_BATCH - split.sharded_size, "moved": moved}
+
+
+def _shards(serve_value, off_value, full_value):
+    """(serve's local tensor, off's, the reference slice) for each local shard of one table."""
+    if not hasattr(serve_value, "local_shards"):  # data-parallel: a plain replicated tensor
+        return [(serve_value, off_value, full_value)]
+    out = []
+    for mine, theirs in zip(serve_value.local_shards(), off_value.local_shards()):
+        meta = mine.metadata
+        sl = tuple(slice(o, o + n) for o, n in zip(meta.shard_offsets, meta.shard_sizes))
+        out.append((mine.tensor, theirs.tensor, full_value[sl]))
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_serve_step_equals_an_off_step(kind):
+    results = run_workers(serve_step_worker, world_size=WORLD, kind=kind, lr=0.5)
+    assert len({r["sharded"] for r in results}) == 1, results  # one agreed size on every rank
+    assert sum(r["served"] for r in results) > 0, "the batch must serve something to test serving"
+
+
+def test_with_frozen_tables_serving_changes_no_row():
+    results = run_workers(serve_step_worker, world_size=WORLD, kind="table_wise", lr=0.0)
+    assert all(r["moved"] == 0 for r in results)
+    assert sum(r["served"] for r in results) > 0
+
+
+def _source(rank: int, batches: int = 40):
+    for _ in range(batches):
+        yield _slice_batch(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+
+
+def reactivation_worker(env):
+    from slipstream_rec.distributed import gather_varlen
+    from slipstream_rec.slipstream.config import Action, Policy, SlipstreamConfig
+    from slipstream_rec.slipstream.controller import SlipstreamController
+    from tests.slipstream.test_tracking_dist import _sharded
+
+    dmp, modules = _sharded("row_wise")
+    cfg = SlipstreamConfig(
+        policy=Policy.paper_plus, action=Action.serve, count_steps=2, count_fraction=0.5, min_count=1,
+        snapshot_interval=2, target_skip_fraction=0.5, max_threshold=0.1, threshold_sample_size=1000,
+        lookahead_batches=2,
+    )  # fmt: skip
+    ctl = SlipstreamController(cfg, dmp, FEATURES, ROWS, LOCAL_BATCH, seed=0, rank=env.rank)
+    stream = ctl.wrap(_source(env.rank))
+
+    def step(n):
+        batch = next(stream)
+        loss, _ = dmp(batch)
+        loss.backward()
+        ctl.after_backward(dmp.module)
+        return ctl.after_step(n), batch
+
+    for n in (1, 2, 3):
+        step(n)
+    assert ctl.server.replica.rows == 0  # one snapshot: no change measured, nothing stale yet
+    record, _ = step(4)
+    stale = ctl.row_state.stale_keys(ctl.threshold)
+    assert stale.numel() > 0 and torch.equal(ctl.server.replica.keys, stale)  # the replica is the stale set
+    assert record["replica_rows"] == stale.numel()
+    # every rank holds the same values, and they are the rows of this rank's shards
+    values = ctl.server.replica.values
+    assert torch.equal(gather_varlen(values.view(-1)), values.view(-1).repeat(WORLD))
+    for unit in modules[0].units:
+        first = int(ctl.index.offsets[FEATURES.index(unit.feature)]) + unit.row_offset
+        pos = ((ctl.server.replica.keys >= first) & (ctl.server.replica.keys < first + unit.rows)).nonzero().view(-1)
+        local = ctl.server.replica.keys[pos] - first
+        torch.testing.assert_close(values[pos][:, unit.col_offset : unit.col_offset + unit.cols], unit.weights[local])
+
+    _, batch5 = step(5)
+    assert batch5.served_pooled is not None and ctl.server.plan.samples_served > 0
+    # f0's hot rows move a lot before the next snapshot: they leave the replica (re-activation)
+    f0 = ctl.index.to_flat(0, torch.arange(ROWS[0]))
+    in_replica = torch.isin(ctl.server.replica.keys, f0)
+    assert bool(in_replica.any()), "some of f0's rows are served before they move"
+    with torch.no_grad():
+        for unit in modules[0].units:
+            if unit.feature == "f0" and unit.hot_rows is not None and unit.hot_rows.numel():
+                unit.weights[unit.hot_rows, 0] += 0.5
+    record, _ = step(6)
+    assert not bool(torch.isin(ctl.server.replica.keys, f0).any())
+    assert record["replica_left"] >= int(in_replica.sum())
+    return {"served": ctl.server.plan.samples_served, "replica": ctl.server.replica.rows}
+
+
+def test_the_replica_follows_the_stale_set_and_a_row_that_moves_again_leaves_it():
+    results = run_workers(reactivation_worker, world_size=WORLD)
+    assert len({r["replica"] for r in results}) == 1
