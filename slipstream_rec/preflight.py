@@ -116,6 +116,8 @@ def policy_cannot_act(job: JobConfig, total_steps: int) -> Optional[str]:
     if total_steps > first:
         return None
     act = "skips nothing" if not s.policy.tracks else "skips no stale input" if s.policy.skips else "measures no row's change"
+    if s.policy.skips and getattr(getattr(s, "action", None), "value", "skip") == "serve":
+        act = "serves no stale input from its replica"
     return (
         f"slipstream={s.policy.value} {act} in this run: it trains {total_steps} steps and the "
         f"policy acts from step {first} on ({why}). Fix: scale the policy to the run ({scaled}), "
