@@ -1,5 +1,6 @@
-# `make demo`: install what is missing into .venv, then a 2-process CPU training on the default
-# synthetic dataset. `make test`: install what is missing, then the test suite.
+# `make demo`: install what is missing into .venv, then a 2-process CPU training of the main job
+# (the default clicklog data, Slipstream paper_plus). `make test`: install what is missing, then
+# the test suite.
 # `make image-check`: build docker/Dockerfile.cpu with docker or podman and try it (self-check,
 # 2-process training, torchx); `make image-check-gpu`: the GPU Dockerfile's install, without a GPU
 # (several GB of CUDA wheels). Both need only python3 (stdlib); see docs/images.md.
@@ -21,7 +22,7 @@ $(STAMP): pyproject.toml setup.py tools/install_stack.py
 install: $(STAMP)
 
 demo: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) -m slipstream_rec.train $(ARGS)
+	OMP_NUM_THREADS=1 $(VENV)/bin/slipstream-train --nproc $(NPROC) $(ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(ARGS)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -176,7 +177,9 @@ def main() -> None:
         print(f"note: {note}")
     out = ROOT / "benchmarks" / "results" / f"slipstream_{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
+    # the command that made this file, as the docs quote it
+    command = shlex.join([".venv/bin/python", "benchmarks/slipstream_policies.py", *sys.argv[1:]])
+    out.write_text(json.dumps({"command": command, "setting": args.name, "overrides": args.overrides, "repeats": args.repeats,
                                "vary_seed": args.vary_seed, "flagged": flagged,
                                "runs": runs, "median": table, "paired": [as_dict(r) for r in results]},
                               indent=2) + "\n")

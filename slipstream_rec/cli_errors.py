@@ -9,13 +9,16 @@ library's ``ValueError``) gets the same one line plus where it came from and the
 hint, since its message was not written to stand alone.
 
 Every rank prints its own line: under torchrun, the first rank to exit makes the agent stop
-the others, so a line printed only by rank 0 could be lost.
+the others, so a line printed only by rank 0 could be lost. Under ``slipstream-train --nproc N``
+(``slipstream_rec.launcher``) each rank writes its line into the launcher's error directory
+instead, and the launcher prints one of them: one line, however many ranks.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Callable, Tuple
@@ -60,8 +63,25 @@ def one_line(error: BaseException) -> str:
     return text
 
 
+# Set by slipstream_rec.launcher for the ranks it starts: where each rank leaves its error line.
+ERROR_DIR_ENV = "SLIPSTREAM_ERROR_DIR"
+
+
+def emit_error_line(line: str) -> None:
+    """Print ``line`` on stderr, or, for a rank of ``slipstream-train --nproc``, leave it (with
+    the time, so that the launcher shows the first) for the launcher to print once."""
+    directory = os.environ.get(ERROR_DIR_ENV)
+    if not directory:
+        print(line, file=sys.stderr, flush=True)
+        return
+    path = Path(directory) / f"rank{os.environ.get('RANK', '0')}.err"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{time.time_ns()}\t{line}\n")
+    tmp.replace(path)
+
+
 def print_error(prog: str, error: BaseException) -> None:
-    print(f"{prog}: error: {one_line(error)}", file=sys.stderr, flush=True)
+    emit_error_line(f"{prog}: error: {one_line(error)}")
 
 
 def run_cli(prog: str, body: Callable[[], int], debug: bool = False, also: Tuple[type, ...] = ()) -> int:

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -102,9 +102,19 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
     try:
         job.trainer.validate()
         job.slipstream.validate()
+        job.optim.validate()
+        check_model_config(job.model)
     except ValueError as e:  # the component's message names its key and the fix
         raise ConfigError(f"invalid configuration: {e}") from e
     return job
+
+
+def check_model_config(model: ModelConfig) -> None:
+    """The model's layer-size rules, checked before any process group or run directory exists
+    (``build_model`` checks them again where they are used)."""
+    from slipstream_rec.model.dlrm import _check  # imports torchrec: only when validating
+
+    _check(model)
 
 
 def to_yaml(job: JobConfig) -> str:
@@ -143,3 +153,72 @@ _FULL_KEY = re.compile(r"full_key: (\S+)")
 def group_options(group: str) -> List[str]:
     """The options of a config group, e.g. ``group_options("sharding")``."""
     return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+
+
+def default_options() -> Dict[str, Optional[str]]:
+    """group -> the option conf/config.yaml picks (None: no default, e.g. experiment), in order."""
+    out: Dict[str, Optional[str]] = {}
+    for entry in OmegaConf.load(config_dir() / "config.yaml").defaults:
+        if not isinstance(entry, str):
+            (group, option), = entry.items()
+            out[str(group)] = None if option is None else str(option)
+    return out
+
+
+def option_summary(path: Path, width: int = 100) -> str:
+    """The first sentence of the comment that opens a conf/ file (cut to ``width``), for
+    ``--help``."""
+    words = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# @package"):
+            words.append(line.lstrip("#").strip())
+    text = " ".join(words)
+    end = re.search(r"\.(\s+[A-Z]|$)", text)  # not "He et al. 2014" nor "day_0 .. day_23"
+    text = text[: end.start()] if end else text
+    return text if len(text) <= width else text[: width - 3].rsplit(" ", 1)[0] + "..."
+
+
+def describe_options() -> Dict[str, Dict[str, str]]:
+    """group -> option -> one line (the default first, marked ``*``), for ``--help``."""
+    out: Dict[str, Dict[str, str]] = {}
+    for group, default in default_options().items():
+        options = sorted(group_options(group), key=lambda o: o != default)
+        out[group] = {
+            ("*" if o == default else "") + o: option_summary(config_dir() / group / f"{o}.yaml")
+            for o in options
+        }
+    return out
+
+
+def chosen_options(overrides: Sequence[str] = ()) -> Dict[str, Optional[str]]:
+    """group -> the option the composed job uses (after overrides and experiment presets)."""
+    conf = config_dir()
+    for_hydra, _ = split_overrides(overrides, JobConfig, conf)
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=for_hydra, return_hydra_config=True)
+    choices = cfg.hydra.runtime.choices
+    return {group: choices.get(group) for group in default_options()}
+
+
+# data.source -> the DataConfig block it reads (npy reads none of them)
+_DATA_BLOCKS = {"synthetic": "synthetic", "clicklog": "clicklog", "criteo": "criteo", "tabular": "tabular", "movielens_1m": "movielens"}
+
+
+def cfg_listing(job: JobConfig, overrides: Sequence[str] = (), everything: bool = False) -> str:
+    """What ``--cfg`` prints: the option chosen in each group, then the job's config; without
+    ``everything``, the settings blocks of the data sources the job does not read are left out
+    (and named)."""
+    chosen = " ".join(f"{g}={o}" for g, o in chosen_options(overrides).items() if o is not None)
+    tree = OmegaConf.to_container(OmegaConf.structured(job), enum_to_str=True)
+    header = [f"# options: {chosen}"]
+    if not everything:
+        unused = [b for src, b in _DATA_BLOCKS.items() if src != job.data.source]
+        for block in unused:
+            tree["data"].pop(block, None)
+        header.append(
+            f"# not shown: data.{', data.'.join(unused)} (not read with data.source="
+            f"{job.data.source}; --cfg all shows every key)"
+        )
+    return "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(tree))

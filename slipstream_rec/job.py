@@ -10,7 +10,7 @@ import logging
 import os
 import platform
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,7 @@ from slipstream_rec.data.synthetic import ensure_dataset
 from slipstream_rec.distributed import DistEnv, all_gather_objects, broadcast_object
 from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
 from slipstream_rec.optim import build_optimizer, fuse_embedding_optimizer
+from slipstream_rec.preflight import fixed_run_dir, policy_cannot_act
 from slipstream_rec.sharding.plan import describe_plan, shard_model
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.metric_log import MetricLog, write_json_atomic
@@ -30,38 +31,46 @@ from slipstream_rec.training.trainer import Trainer, planned_steps
 logger = logging.getLogger(__name__)
 
 
-def prepare_run_dir(job: JobConfig, env: DistEnv) -> Path:
-    """One run directory for all ranks; rank 0 creates it and writes the resolved config.
+def choose_run_dir(job: JobConfig, env: DistEnv) -> Path:
+    """One run directory for all ranks (rank 0's choice); nothing is written yet.
 
     Collective: all ranks enter (broadcast of rank 0's choice, all-gather of config hashes).
     """
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    default = (
-        f"runs/{run_id}"
-        if run_id not in ("", "none")
-        else f"runs/{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
-    )
     # Plain torchrun without --rdzv-id gives every job the run id "none", and timestamps differ
     # between ranks: rank 0's choice is the one every rank uses.
-    if env.is_rank0 and run_id in ("", "none") and not job.trainer.run_dir:
+    if env.is_rank0 and fixed_run_dir(job) is None:
         if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
             logger.warning(
                 "torchrun --max-restarts without --rdzv-id/--standalone and without "
                 "trainer.run_dir: a restarted attempt gets a new timestamped run directory and "
                 "cannot find this attempt's checkpoints. Fix: set trainer.run_dir (or --rdzv-id)"
             )
-    run_dir = Path(broadcast_object(job.trainer.run_dir or default))
+    default = fixed_run_dir(job) or Path(f"runs/{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}")
+    run_dir = Path(broadcast_object(str(default)))
     hashes = all_gather_objects(config_hash(job))
     if len(set(hashes)) != 1:
         raise RuntimeError(
             f"ranks resolved different configurations (hashes {hashes}); launch every rank with "
             "the same overrides and the same conf/ directory"
         )
+    return run_dir
+
+
+def write_run_config(run_dir: Path, job: JobConfig, env: DistEnv, resumed_step: Optional[int]) -> None:
+    """Rank 0 creates the run directory and writes ``config.yaml``, once the run really starts
+    (the model, optimizers and any checkpoint loaded), so a refused start changes nothing.
+
+    A resumed run whose configuration changed keeps the earlier one as
+    ``config.until_step_N.yaml`` (it applied up to step N). Collective: all ranks enter.
+    """
     if env.is_rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(job))
+        path, text = run_dir / "config.yaml", to_yaml(job)
+        if resumed_step is not None and path.is_file() and path.read_text() != text:
+            path.replace(run_dir / f"config.until_step_{resumed_step}.yaml")
+        path.write_text(text)
     dist.barrier()  # all ranks: nobody writes into the directory before it exists
-    return run_dir
 
 
 def prepare_data(job: JobConfig, env: DistEnv) -> Path:
@@ -76,7 +85,7 @@ def prepare_data(job: JobConfig, env: DistEnv) -> Path:
 
 def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
     """Train and evaluate; returns the summary that rank 0 also writes to summary.json."""
-    run_dir = prepare_run_dir(job, env)
+    run_dir = choose_run_dir(job, env)
     data_dir = prepare_data(job, env)
     meta = load_meta(data_dir)
     tr = job.trainer
@@ -159,6 +168,13 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
     try:
         if resume is not None:
             restored = trainer.load_state_dict(checkpointer.load(resume))  # all ranks
+        # The run starts: until here a refused resume or a bad value wrote nothing (metrics.jsonl
+        # and TensorBoard open with the first record).
+        write_run_config(run_dir, job, env, resume.step if resume is not None else None)  # all ranks
+        cannot_act = policy_cannot_act(job, total_steps)
+        if cannot_act:
+            log.write(f"warning: {cannot_act}")
+        if resume is not None:
             trainer.resumed_from = {"path": str(resume.path), "step": resume.step, **restored}
             log.log("resume", resume.step, trainer.resumed_from)
             log.write(

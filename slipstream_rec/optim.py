@@ -14,6 +14,8 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
+from slipstream_rec.validation import check_fields
+
 
 class EmbeddingOptimizerKind(Enum):
     """Optimizers FBGEMM fuses into the embedding backward on CPU and GPU."""
@@ -40,6 +42,9 @@ class EmbeddingOptimConfig:
     # Adagrad epsilon (ignored by sgd).
     eps: float = 1.0e-8
 
+    def validate(self) -> None:
+        check_fields("optim.embedding", self, [("lr", self.lr > 0, "a positive learning rate, e.g. 0.05")])
+
 
 @dataclass
 class DenseOptimConfig:
@@ -56,6 +61,15 @@ class DenseOptimConfig:
     # Linear learning-rate warm-up from 0 over this many steps (0: none).
     warmup_steps: int = 0
 
+    def validate(self) -> None:
+        checks = [
+            ("lr", self.lr > 0, "a positive learning rate, e.g. 0.01"),
+            ("momentum", self.momentum >= 0, "0 or more"),
+            ("weight_decay", self.weight_decay >= 0, "0 or more"),
+            ("warmup_steps", self.warmup_steps >= 0, "0 (none) or a positive step count"),
+        ]
+        check_fields("optim.dense", self, checks)
+
 
 @dataclass
 class OptimConfig:
@@ -64,10 +78,14 @@ class OptimConfig:
     # Dense-parameter optimizer.
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
 
+    def validate(self) -> None:
+        """Checked when the config is loaded, before any process group or file exists."""
+        self.embedding.validate()
+        self.dense.validate()
+
 
 def _embedding_optimizer(cfg: EmbeddingOptimConfig) -> Tuple[Type[torch.optim.Optimizer], Dict[str, Any]]:
-    if cfg.lr <= 0:
-        raise ValueError(f"optim.embedding.lr={cfg.lr} must be > 0")
+    cfg.validate()
     if cfg.type is EmbeddingOptimizerKind.sgd:
         return torch.optim.SGD, {"lr": cfg.lr}
     if cfg.type is EmbeddingOptimizerKind.adagrad:
@@ -102,10 +120,7 @@ def build_optimizer(
     sharding, and the dense optimizer for the MLPs. The warm-up schedule drives the dense part.
     """
     dense_cfg = cfg.dense
-    if dense_cfg.lr <= 0:
-        raise ValueError(f"optim.dense.lr={dense_cfg.lr} must be > 0")
-    if dense_cfg.warmup_steps < 0:
-        raise ValueError(f"optim.dense.warmup_steps={dense_cfg.warmup_steps} must be >= 0")
+    dense_cfg.validate()
 
     def make_dense(params: Any) -> torch.optim.Optimizer:
         if dense_cfg.type is DenseOptimizerKind.sgd:

@@ -1,9 +1,10 @@
-"""``slipstream-train [--cfg] [OVERRIDE ...]``: compose the config, build, train, close.
+"""``slipstream-train [--nproc N] [--cfg] [OVERRIDE ...]``: compose the config, build, train, close.
 
 ``slipstream-train --self-check`` checks the installed torch / fbgemm / torchrec against the pins
 and that fbgemm's operators load (``slipstream_rec.self_check``).
 
-Works bare (one process), under ``torchrun --nproc_per_node N`` and under TorchX
+Works bare (one process), with ``--nproc N`` (N local ranks started by this command,
+``slipstream_rec.launcher``), under ``torchrun`` and under TorchX
 (``torchx run -s local_cwd launch/components.py:train -- OVERRIDE ...``).
 """
 
@@ -17,15 +18,28 @@ import warnings
 from typing import List, Optional
 
 USAGE_EPILOG = """\
-overrides are Hydra's: `group=option` picks a file from conf/<group>/ (model, data, sharding,
-optim, trainer, slipstream, experiment), `group.key=value` sets a field. Examples:
-  slipstream-train sharding=row_wise trainer.max_steps=200
-  torchrun --nproc_per_node 2 -m slipstream_rec.train experiment=smoke
+overrides are Hydra's: `group=option` picks a file from conf/<group>/, `group.key=value` sets a
+field (every key and its value: --cfg). Examples:
+  slipstream-train --nproc 2 sharding=row_wise trainer.max_steps=200
+  slipstream-train experiment=smoke     # one process
   slipstream-train --cfg data=tabular   # the composed config, checked, nothing run
   slipstream-train --self-check      # is the torch/fbgemm/torchrec stack the pinned one, and does it load?
+  torchrun --nnodes 2 --nproc_per_node 8 ... -m slipstream_rec.train OVERRIDES   # many nodes
 A bad config value, missing path or unreadable input is one line and exit code 2 (--debug or
 HYDRA_FULL_ERROR=1: the traceback); a lost or stuck rank is exit code 3.
 """
+
+
+def options_help() -> str:
+    """Every option of every config group with the first sentence of its file's comment."""
+    from slipstream_rec.config import describe_options
+
+    lines = ["config groups (group=option; the default is marked *):"]
+    for group, options in describe_options().items():
+        lines.append(f"  {group}:")
+        width = max(len(o) for o in options) + 2
+        lines += [f"    {o.ljust(width)}{text}" for o, text in options.items()]
+    return "\n".join(lines) + "\n"
 
 
 def _quiet_libraries(is_rank0: bool) -> None:
@@ -66,19 +80,36 @@ def _cfg_argument(argv: List[str]) -> List[str]:
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="slipstream-train",
         description="Sharded TorchRec DLRM training with Slipstream stale-embedding skipping.",
         epilog=USAGE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="start N ranks on this machine (torch.distributed.run's API, as `torchrun "
+        "--standalone`) after checking the config once; ends with rank 0's result line or one "
+        "error line",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="M",
+        help="with --nproc: restart the ranks up to M times after a failure (they resume from "
+        "the newest checkpoint)",
+    )
+    parser.add_argument(
         "--cfg",
         choices=CFG_KINDS,
         metavar="[job]",
-        help="print the composed and validated config and exit, touching no data and no run "
-        "directory (`job` and `all` print the job config; there is no Hydra runtime config: this "
-        "program uses Hydra only to compose)",
+        help="print the option chosen in each group and the composed, validated config, and exit, "
+        "touching no data and no run directory (`job`: the keys this job reads; `all`: every key, "
+        "the unused data sources' settings too; there is no Hydra runtime config: this program "
+        "uses Hydra only to compose)",
     )
     parser.add_argument(
         "--debug",
@@ -94,9 +125,23 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. sharding=row_wise")
     args = parser.parse_args(_cfg_argument(list(argv or [])))
-    if args.self_check and (args.cfg or args.overrides):
-        parser.error("--self-check takes no overrides and no --cfg")
+    if args.self_check and (args.cfg or args.overrides or args.nproc):
+        parser.error("--self-check takes no overrides, no --cfg and no --nproc")
+    if args.nproc is not None and args.nproc < 1:
+        parser.error(f"--nproc {args.nproc}: give at least 1 rank")
+    if args.max_restarts < 0 or (args.max_restarts and args.nproc is None):
+        parser.error("--max-restarts M (M >= 0) goes with --nproc N; under torchrun use its own --max-restarts")
+    if args.nproc is not None and "RANK" in os.environ:
+        parser.error("--nproc starts its own ranks: under torchrun or TorchX leave it out")
     return args
+
+
+class _Parser(argparse.ArgumentParser):
+    """``--help`` lists the config groups' options, read from conf/ only when it is printed."""
+
+    def format_help(self) -> str:
+        self.epilog = options_help() + "\n" + USAGE_EPILOG
+        return super().format_help()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -114,12 +159,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _compose_check_run(args: argparse.Namespace, is_rank0: bool) -> int:
     # Imports after logging is set up: torchrec logs while importing.
-    from slipstream_rec.config import load_config, to_yaml
+    from slipstream_rec.config import cfg_listing, load_config
     from slipstream_rec.preflight import check_before_start, world_size_from_env
 
     # Every rank composes and checks before any process group or file exists: a typo or a
     # wrong path fails in seconds on every rank, with one line, and leaves nothing behind.
     job = load_config(args.overrides)
+    world_size = args.nproc or world_size_from_env()
     if args.cfg == "hydra":
         raise ValueError(
             "--cfg hydra: this program composes its config with Hydra's compose API and runs no "
@@ -128,10 +174,15 @@ def _compose_check_run(args: argparse.Namespace, is_rank0: bool) -> int:
         )
     if args.cfg:
         if is_rank0:
-            print(to_yaml(job), end="")
+            print(cfg_listing(job, args.overrides, everything=args.cfg == "all"), end="")
         return 0
-    check_before_start(job, world_size_from_env())
+    check_before_start(job, world_size)
+    if args.nproc is not None:  # checked once, here; then the ranks (which check again, quietly)
+        from slipstream_rec.launcher import launch
 
+        return launch(args.nproc, args.max_restarts, args.overrides)
+
+    from slipstream_rec.cli_errors import emit_error_line
     from slipstream_rec.distributed import close_distributed, explain_collective_failure, init_distributed
     from slipstream_rec.job import run
 
@@ -142,7 +193,7 @@ def _compose_check_run(args: argparse.Namespace, is_rank0: bool) -> int:
         explanation = explain_collective_failure(e, job.trainer.collective_timeout_s)
         if explanation is None:
             raise
-        print(f"slipstream-train: error: {explanation}\n  ({str(e).strip()[:500]})", file=sys.stderr)
+        emit_error_line(f"slipstream-train: error: {explanation} ({' '.join(str(e).split())[:500]})")
         return 3
     finally:
         close_distributed()

@@ -1,7 +1,8 @@
 """Documented commands cannot rot: README.md and docs/*.md are checked against the code.
 
 What is checked:
-- every ``slipstream-train`` / ``slipstream-data`` command in a fenced code block, including the
+- every ``slipstream-train`` / ``slipstream-data`` command in a fenced code block (and in the
+  Makefile and the comments of conf/, the presets' own examples), including the
   ones run through ``torchrun ... -m slipstream_rec.train``, ``srun``, ``docker run`` or TorchX
   (``launch/components.py:train ... -- OVERRIDES``), parses with the command's own argument
   parser and composes its configuration in-process, as ``--cfg`` does (nothing is trained or
@@ -175,8 +176,38 @@ def documented_examples() -> List[Tuple[str, str, List[str], List[str]]]:
     return out
 
 
+def commented_commands() -> List[Command]:
+    """The commands in the Makefile (its comments and recipes, ``$(VAR)`` as its default) and in the
+    comments of conf/**/*.yaml (the presets' own examples): a comment line that starts with a
+    command, or a command in backticks (one with a ``<placeholder>`` is left out)."""
+    out = []
+    files = [ROOT / "Makefile", *sorted((ROOT / "conf").glob("*/*.yaml")), ROOT / "conf" / "config.yaml"]
+    for path in files:
+        for k, raw in enumerate(path.read_text().splitlines()):
+            where = f"{path.relative_to(ROOT)}:{k + 1}"
+            text = raw.strip()
+            candidates = []
+            if text.startswith("#"):
+                comment = text.lstrip("#").strip()
+                candidates += re.findall(r"`([^`]+)`", comment)
+                if COMMAND_WORDS.match(comment):
+                    candidates.append(comment)
+            elif path.name == "Makefile" and raw.startswith("\t"):  # $(VAR): its ?= default
+                defaults = dict(re.findall(r"^(\w+)\s*\?=\s*(\S+)", path.read_text(), flags=re.M))
+                candidates.append(re.sub(r"\$\((\w+)\)", lambda m: defaults.get(m.group(1), ""), text))
+            for line in candidates:
+                if "<" in line or not COMMAND_WORDS.search(line):
+                    continue
+                for seg in _segments(line):
+                    found = _command_in(seg)
+                    if found:
+                        out.append(Command(where, *found))
+    return out
+
+
 COMMANDS = documented_commands()
 EXAMPLES = documented_examples()
+COMMENTED = commented_commands()
 
 
 def write_named_yaml_blocks(directory: Path) -> None:
@@ -195,7 +226,25 @@ def test_the_docs_hold_commands_to_check():
     assert len(EXAMPLES) >= 5
 
 
-@pytest.mark.parametrize("cmd", COMMANDS, ids=str)
+def test_the_makefile_and_the_presets_hold_commands_to_check():
+    files = {c.where.split(":")[0] for c in COMMENTED}
+    assert {"Makefile", "conf/data/criteo_kaggle.yaml", "conf/slipstream/random.yaml"} <= files, files
+
+
+def test_options_named_in_the_makefile_and_conf_comments_exist():
+    """``data=synthetic`` in a comment names an option that exists (a renamed preset would
+    otherwise leave its comments pointing at nothing)."""
+    from slipstream_rec.config import group_options
+
+    groups = sorted(p.name for p in (ROOT / "conf").iterdir() if p.is_dir())
+    for path in [ROOT / "Makefile", *sorted((ROOT / "conf").glob("**/*.yaml"))]:
+        for k, line in enumerate(path.read_text().splitlines()):
+            comment = line.split("#", 1)[1] if "#" in line else ""
+            for group, option in re.findall(rf"\b({'|'.join(groups)})=(\w+)", comment):
+                assert option in group_options(group), f"{path.relative_to(ROOT)}:{k + 1}: {group}={option} is no option"
+
+
+@pytest.mark.parametrize("cmd", COMMANDS + COMMENTED, ids=str)
 def test_documented_command_composes(cmd: Command, tmp_path, monkeypatch):
     from slipstream_rec import train
     from slipstream_rec.config import load_config

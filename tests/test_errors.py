@@ -270,3 +270,100 @@ def test_under_torchrun_every_rank_stops_before_the_process_group(tmp_path):
     assert lines and all("Fix: trainer.batch_size=150 or smaller" in l for l in lines), r.stderr[-3000:]
     assert "slipstream_rec/" not in r.stderr, "a traceback from the project's code"  # torchrun adds its own
     assert not (tmp_path / "runs").exists()
+
+
+# -- what a new user tripped on (issue 20): each is one line, exit 2, and writes nothing ----------
+
+
+def test_data_path_without_data_source_npy_is_refused_not_ignored(workdir, capsys):
+    line = train_fails(capsys, "data.path=data/clicks")
+    assert "data.path=data/clicks is only read with data.source=npy" in line
+    assert "Fix: add data.source=npy" in line
+    nothing_written(workdir)
+    assert not (workdir / "data").exists(), "the default dataset was generated"
+
+
+def test_a_raw_file_as_data_path_is_named_with_the_conversion_command(workdir, capsys):
+    write_csv(workdir / "clicks.csv", make_clicks(50))
+    line = train_fails(capsys, "data.source=npy", "data.path=clicks.csv")
+    assert "data.path=clicks.csv is a file, not a dataset directory" in line and "does not exist" not in line
+    assert "`slipstream-data tabular --schema SCHEMA.yaml --input clicks.csv --out data/clicks`" in line
+    nothing_written(workdir)
+
+
+@pytest.mark.parametrize("override, key", [("optim.embedding.lr=-1", "optim.embedding.lr=-1.0"),
+                                           ("optim.dense.lr=0", "optim.dense.lr=0.0"),
+                                           ("model.embedding_dim=8", "model.embedding_dim=8")])  # fmt: skip
+def test_model_and_optimizer_values_are_checked_before_the_process_group(workdir, capsys, override, key):
+    line = train_fails(capsys, "experiment=smoke", override)
+    assert key in line
+    nothing_written(workdir)
+    assert not (workdir / "data").exists()
+
+
+YES_NO_SCHEMA = SCHEMA + "time_column: ts\nsplit:\n  method: time\n"
+
+
+def _yes_no_csv(workdir: Path, rows: int = 20_000) -> None:
+    """The README's schema with a label column of yes/no instead of 1/0."""
+    (workdir / "clicks.yaml").write_text(YES_NO_SCHEMA)
+    cols = make_clicks(rows, seed=5)
+    cols["click"] = ["yes" if c == "1" else "no" for c in cols["click"]]
+    write_csv(workdir / "clicks.csv", cols)
+
+
+def _nothing_left_in_data(workdir: Path) -> None:
+    left = sorted(p.name for p in (workdir / "data").iterdir()) if (workdir / "data").exists() else []
+    assert left == [], f"a failed conversion left {left} in data/"
+
+
+@pytest.mark.parametrize("split", ["time", "ordered"])
+def test_a_yes_no_label_column_names_the_label_rule_that_reads_it(workdir, capsys, split):
+    _yes_no_csv(workdir)
+    argv = ["tabular", "--schema", "clicks.yaml", "--input", "clicks.csv", "--out", "data/clicks",
+            f"data.tabular.split.method={split}"]  # fmt: skip
+    assert data_cli.main(argv) == 2  # with the progress bar, as a user runs it
+    err = capsys.readouterr().err
+    # tqdm ends its lines with \r, so split on \n only: the error must start a line of its own
+    errors = [line for line in err.split("\n") if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("slipstream-data tabular: error: "), err[-2000:]
+    assert "clicks.csv, line 2: bad label" in errors[0]
+    assert "holds ['no', 'yes']" in errors[0] and "label_rule=binary" in errors[0]
+    assert 'Fix: in the schema, label_rule: positive_values and label_positive_values: ["yes"]' in errors[0]
+    _nothing_left_in_data(workdir)
+
+
+def test_skipping_every_row_says_how_many_were_dropped_and_why(workdir, capsys):
+    _yes_no_csv(workdir, rows=3000)
+    argv = ["tabular", "--schema", "clicks.yaml", "--input", "clicks.csv", "--no-progress", "data.bad_rows=skip"]
+    assert data_cli.main(argv) == 2
+    line = one_error_line(capsys, "slipstream-data tabular")
+    assert "no rows found" in line and "data.bad_rows=skip dropped 3000 malformed row(s) ({'bad label': 3000})" in line
+    assert "label_rule: positive_values" in line
+    _nothing_left_in_data(workdir)
+
+
+def test_the_fixed_schema_then_converts_and_leaves_no_lock_or_partial(workdir, capsys):
+    _yes_no_csv(workdir, rows=3000)
+    argv = ["tabular", "--schema", "clicks.yaml", "--input", "clicks.csv", "--out", "data/clicks", "--no-progress"]
+    # unquoted, YAML reads yes as the boolean true: said in one line, not converted to all-zero labels
+    (workdir / "clicks.yaml").write_text(YES_NO_SCHEMA + "label_rule: positive_values\nlabel_positive_values: [yes]\n")
+    assert data_cli.main(argv) == 2
+    assert 'Fix: quote them, e.g. label_positive_values: ["yes"]' in one_error_line(capsys, "slipstream-data tabular")
+    (workdir / "clicks.yaml").write_text(YES_NO_SCHEMA + 'label_rule: positive_values\nlabel_positive_values: ["yes"]\n')
+    assert data_cli.main(argv) == 0
+    assert sorted(p.name for p in (workdir / "data").iterdir()) == ["clicks"]
+    from slipstream_rec.data.loader import load_meta
+
+    meta = load_meta(workdir / "data" / "clicks")
+    clicks = sum(c == "1" for c in make_clicks(3000, seed=5)["click"])
+    assert round(sum(meta.ctr[s] * meta.rows[s] for s in meta.rows)) == clicks  # yes -> 1
+
+
+def test_a_schema_list_given_as_text_shows_the_list_it_meant(workdir, capsys):
+    (workdir / "clicks.yaml").write_text(SCHEMA.replace("dense_columns: [price, views]", "dense_columns: price, views"))
+    write_csv(workdir / "clicks.csv", make_clicks(50))
+    assert data_cli.main(["tabular", "--schema", "clicks.yaml", "--input", "clicks.csv", "--no-progress"]) == 2
+    line = one_error_line(capsys, "slipstream-data tabular")
+    assert "clicks.yaml: dense_columns is the text 'price, views', not a list. Fix: dense_columns: [price, views]" in line
+    assert "AnyNode" not in line

@@ -10,6 +10,7 @@ interruption when rerun with the same arguments.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -105,7 +106,12 @@ def build_config(args: argparse.Namespace):
         try:
             merged = OmegaConf.merge(OmegaConf.structured(TabularConfig), cfg.data.tabular, schema)
         except Exception as e:  # noqa: BLE001 - OmegaConf names the key
-            raise ValueError(f"{args.schema}: not a valid data.tabular schema: {e}") from e
+            key = getattr(e, "full_key", None)
+            what = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(
+                f"{args.schema}: not a valid data.tabular schema: {f'{key}: ' if key else ''}{what}. "
+                "Fix: see the key's type and comment in TabularConfig (slipstream_rec/data/config.py)"
+            ) from e
         # command-line overrides (and --input) win over the schema file
         again = [o for o in overrides if o.startswith("data.tabular.")]
         if again:
@@ -147,6 +153,22 @@ def _load_schema(path: Path):
                 f"{path}: {key} is not a data.tabular key; "
                 + (f"did you mean {hint}? " if hint else "")
                 + "Fix: see TabularConfig in slipstream_rec/data/config.py (every key is documented there)"
+            )
+    # `dense_columns: price, views` is YAML text, not a list: say so with the list it meant
+    # (OmegaConf would only say "AnyNode is not a ListConfig").
+    list_keys = [f.name for f in dataclasses.fields(TabularConfig) if "List[" in str(f.type)]
+    for key in list_keys:
+        value = schema.get(key)
+        if isinstance(value, str):
+            items = ", ".join(v.strip() for v in value.split(",") if v.strip())
+            raise ValueError(f"{path}: {key} is the text {value!r}, not a list. Fix: {key}: [{items}]")
+        # YAML reads unquoted yes / no / on / off / true / false as booleans, which would then
+        # match the text "True", never the file's "yes": every label would be 0.
+        if value is not None and any(isinstance(v, bool) for v in value):
+            raise ValueError(
+                f"{path}: {key} holds {list(value)}: YAML reads unquoted yes, no, on, off, true and "
+                f"false as booleans, not as the text in the file. Fix: quote them, e.g. "
+                f'{key}: ["yes"]'
             )
     return schema
 

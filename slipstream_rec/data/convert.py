@@ -40,7 +40,6 @@ import numpy as np
 from slipstream_rec.data.config import CategoricalEncoding, SplitConfig
 from slipstream_rec.data.loader import META_FILE, SPLITS, load_meta
 from slipstream_rec.data.npy_writer import NpyAppender
-from slipstream_rec.data.rawfiles import TruncatedInputError
 from slipstream_rec.data.vocab import VocabCounter, Vocabulary, check_encoding
 
 logger = logging.getLogger("slipstream_rec.data")
@@ -75,6 +74,9 @@ class ParsedChunk:
     bad: Dict[str, np.ndarray] = field(default_factory=dict)
     time: Optional[np.ndarray] = None  # (n,) float64 timestamps (split method "time")
     line_offset: int = 0  # 0-based file line of row 0 (1 for a CSV header), for messages
+    # reason -> what is wrong and the fix, where the source can tell (e.g. a label column of
+    # yes/no under label_rule=binary: the label_rule that reads it); else the generic fix
+    hints: Dict[str, str] = field(default_factory=dict)
 
 
 class Source:
@@ -193,18 +195,42 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
 
-def _bad_rows(source: Source, chunk: ParsedChunk, policy: str, counts: Dict[str, int]) -> None:
+GENERIC_FIX = (
+    "Fix: correct the input, or set data.bad_rows=skip to drop malformed rows (they are counted "
+    "and reported)."
+)
+
+
+def _bad_rows(
+    source: Source, chunk: ParsedChunk, policy: str, counts: Dict[str, int], hints: Dict[str, str]
+) -> None:
+    """Raise on the chunk's first malformed row (``error``) or count them (``skip``); ``hints``
+    keeps the first hint of each reason, for the message when nothing is left."""
     found = [(int(lines.min()), reason, lines) for reason, lines in chunk.bad.items() if lines.size]
     for _, reason, lines in sorted(found, key=lambda x: x[0]):  # the first bad row of the chunk
         if policy == "error":
             raise BadRowsError(
                 f"{source.paths[chunk.file_index]}, line {int(lines.min()) + chunk.line_offset + 1}: {reason} "
-                f"({lines.size} such row(s) in this chunk). Fix: correct the input, or set "
-                f"data.bad_rows=skip to drop malformed rows (they are counted and reported)."
+                f"({lines.size} such row(s) in this chunk){': ' + chunk.hints[reason] if reason in chunk.hints else '. ' + GENERIC_FIX}"
             )
         counts[reason] = counts.get(reason, 0) + int(lines.size)
+        if reason in chunk.hints:
+            hints.setdefault(reason, chunk.hints[reason])
+
+
+def _nothing_left(source: Source, what: str, counts: Dict[str, int], hints: Dict[str, str]) -> ValueError:
+    """The error for a conversion that kept no rows (for a split, or at all): how many rows were
+    dropped as malformed and why, with the fix of the most common reason."""
+    if not counts:
+        return ValueError(f"{source.paths}: {what}. Fix: check the inputs and the split settings (fractions, eval_inputs).")
+    top = max(counts, key=counts.get)
+    return ValueError(
+        f"{source.paths}: {what}: data.bad_rows=skip dropped {sum(counts.values())} malformed "
+        f"row(s) ({counts}). {hints.get(top, 'Fix: correct the input (the reasons above name what is wrong).')}"
+    )
 
 
 class _Run:
@@ -215,6 +241,8 @@ class _Run:
         self.progress = progress
         self.state_path = work / STATE_FILE
         self.state: Dict[str, Any] = {"hash": digest, "stage": "scan", "position": None}
+        self.hints: Dict[str, str] = {}  # reason -> the source's fix, for _nothing_left
+        self.bars: List[_Progress] = []  # closed before an error is printed (convert)
         if self.state_path.is_file():
             state = json.loads(self.state_path.read_text())
             if state.get("hash") == digest:
@@ -224,6 +252,11 @@ class _Run:
     def save(self, **updates: Any) -> None:
         self.state.update(updates)
         _write_json_atomic(self.state_path, self.state)
+
+    def bar(self, desc: str) -> _Progress:
+        bar = _Progress(self.progress, self.source.progress_total(), self.source.progress_unit, desc)
+        self.bars.append(bar)
+        return bar
 
     # pass 1: where the splits fall
     def scan(self) -> Dict[str, Any]:
@@ -249,9 +282,11 @@ class _Run:
                 out["val_start"] = out["test_start"] - int(round(total * cfg.val_fraction))
         elif cfg.method == "time":
             sample, prio = np.empty(0), np.empty(0)
-            bar = _Progress(self.progress, src.progress_total(), src.progress_unit, "scan timestamps")
+            bad: Dict[str, int] = {}
+            bar = self.bar("scan timestamps")
             for chunk in src.chunks(None):
                 assert chunk.time is not None
+                _bad_rows(src, chunk, self.policy, bad, self.hints)  # the first bad row stops here
                 p = _uniform(cfg.seed + 1, chunk.file_index, chunk.lines)
                 sample, prio = np.concatenate([sample, chunk.time]), np.concatenate([prio, p])
                 if sample.size > 2 * TIME_SAMPLE:
@@ -262,7 +297,7 @@ class _Run:
             if prio.size > TIME_SAMPLE:
                 sample = sample[np.argpartition(prio, TIME_SAMPLE)[:TIME_SAMPLE]]
             if sample.size == 0:
-                raise ValueError(f"{src.paths}: no rows found. Fix: check the inputs (an empty dataset cannot be trained).")
+                raise _nothing_left(src, "no rows found (an empty dataset cannot be trained)", bad, self.hints)
             sample.sort()
             def cut(fraction_before: float) -> float:  # the 1e-9 keeps 0.7 * 4000 at 2800
                 return float(sample[min(sample.size - 1, int(math.ceil(fraction_before * sample.size - 1e-9)))])
@@ -286,11 +321,11 @@ class _Run:
             counter = VocabCounter.load(counts_path, vocab_feats) if start and counts_path.is_file() else VocabCounter(vocab_feats)
             bad: Dict[str, int] = dict(self.state.get("count_bad") or {}) if start else {}
             last = time.monotonic()
-            bar = _Progress(self.progress, src.progress_total(), src.progress_unit, "count values")
+            bar = self.bar("count values")
             names1 = [f for f, _ in src.onehot]
             namesm = [f for f, _ in src.multihot]
             for chunk in src.chunks(start):
-                _bad_rows(src, chunk, self.policy, bad)
+                _bad_rows(src, chunk, self.policy, bad, self.hints)
                 train = splitter(chunk) == 0
                 for f, keys in zip(names1, chunk.keys):
                     if encodings[f].mode == "vocab":
@@ -348,11 +383,11 @@ class _Run:
             p.update({f"{k}_last": v for k, v in last_offset.items()})
             self.save(position=position, parts=p, stats=stats)
 
-        bar = _Progress(self.progress, src.progress_total(), src.progress_unit, "encode")
+        bar = self.bar("encode")
         last = time.monotonic()
         try:
             for chunk in src.chunks(start):
-                _bad_rows(src, chunk, self.policy, stats["bad_rows"])
+                _bad_rows(src, chunk, self.policy, stats["bad_rows"], self.hints)
                 split = splitter(chunk)
                 ids1 = [vocab.encode(f, k) for f, k in zip(names1, chunk.keys)]
                 idsm = [(vocab.encode(f, v), ln) for f, (v, ln) in zip(namesm, chunk.multi)]
@@ -385,11 +420,10 @@ class _Run:
             rows = {s: writers[f"{s}_labels"].rows for s in SPLITS}
             empty = [s for s, n in rows.items() if n == 0]
             if empty:
-                raise ValueError(
-                    f"{src.name} conversion of {src.paths}: split(s) {empty} got no rows (rows per "
-                    f"split: {rows}; an empty dataset cannot be trained or evaluated). Fix: check "
-                    f"the inputs and the split settings (fractions, eval_inputs)."
-                )
+                raise _nothing_left(
+                    src, f"split(s) {empty} got no rows (rows per split: {rows}; an empty dataset "
+                    "cannot be trained or evaluated)", stats["bad_rows"], self.hints,
+                )  # fmt: skip
             for k, w in writers.items():
                 s, kind = k.split("_", 1)
                 if kind.startswith("mh"):
@@ -453,16 +487,21 @@ def convert(source: Source, final: Path, *, bad_rows: str = "error", progress: b
             shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    run = _Run(source, work, digest, bad_rows, progress)
     try:
-        run = _Run(source, work, digest, bad_rows, progress)
         splitter = _Splitter(source, run.scan())
         vocab = run.count(splitter)
         result = run.encode(splitter, vocab)
-    except TruncatedInputError:
-        # The fixed file has another size, hence another hash and directory: this partial one
-        # could never be resumed. Removed, so that rerunning after the fix starts cleanly.
+    except ValueError:
+        # Bad input (a malformed row, a truncated file, nothing left): the fix changes the input
+        # or the settings, hence the hash and the directory, so this partial one could never be
+        # resumed. Removed, so that data/ holds no leftovers and the rerun starts cleanly. An
+        # interruption (Ctrl-C, a lost machine, a full disk) keeps it: the rerun resumes there.
         shutil.rmtree(work, ignore_errors=True)
         raise
+    finally:
+        for bar in run.bars:  # an error line then starts on a line of its own
+            bar.close()
     names = [f for f, _ in source.onehot] + [f for f, _ in source.multihot]
     multi = [f for f, _ in source.multihot]
     meta = {

@@ -92,6 +92,23 @@ def _meta_error(path: Path, problem: str) -> ValueError:
     )
 
 
+def raw_file_given(path: Path) -> str:
+    """The error for data.path naming a raw file instead of a converted directory, with the
+    command that converts it (the trainer reads only the npy layout)."""
+    stem = path.name.split(".")[0]
+    if path.name.lower().removesuffix(".gz") == "train.txt" or stem.startswith("day_"):
+        command = f"slipstream-data criteo --input {path} --out data/criteo"  # Criteo's raw TSV
+        out = "data/criteo"
+    else:
+        command = f"slipstream-data tabular --schema SCHEMA.yaml --input {path} --out data/{stem}"
+        out = f"data/{stem}"
+    return (
+        f"data.path={path} is a file, not a dataset directory: the trainer reads the npy directory "
+        f"slipstream-data converts a raw file into. Fix: `{command}` (SCHEMA.yaml: README, "
+        f"'Train on your own click log'), then data.path={out}"
+    )
+
+
 def load_meta(path: Union[str, Path], *, check_files: bool = True) -> DatasetMeta:
     """Read and validate ``{path}/meta.json``; with ``check_files`` also the .npy headers.
 
@@ -101,6 +118,8 @@ def load_meta(path: Union[str, Path], *, check_files: bool = True) -> DatasetMet
     """
     path = Path(path)
     meta_path = path / META_FILE
+    if path.is_file():
+        raise ValueError(raw_file_given(path))
     if not path.is_dir():
         raise FileNotFoundError(
             f"dataset directory {path} does not exist. Fix: check data.path (for data.source=npy) "

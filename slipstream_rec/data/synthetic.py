@@ -215,6 +215,13 @@ def normalize_data_config(cfg: Any, key: str = "data") -> DataConfig:
             f"{key}.path must be set when {key}.source=npy. Fix: {key}.path=/dir/with/meta.json "
             f"(or {key}.source=synthetic to generate the default dataset)."
         )
+    if c.path and c.source != "npy":
+        # Ignoring it would train on the data.source dataset instead (the default click log is
+        # generated, 730 MB, and trained for 2000 steps) while the user thinks it reads data.path.
+        raise ValueError(
+            f"{key}.path={c.path} is only read with {key}.source=npy, and {key}.source={c.source}. "
+            f"Fix: add {key}.source=npy to train on {c.path}, or drop {key}.path."
+        )
     if c.source == "clicklog":
         from slipstream_rec.data.clicklog import normalize_clicklog_config
 
@@ -568,21 +575,41 @@ def _cached(final: Path, h: str) -> bool:
 
 @contextlib.contextmanager
 def _lock(path: Path) -> Iterator[None]:
-    """Exclusive flock on ``path`` while generating; a no-op where flock is unavailable."""
+    """Exclusive flock on ``path`` while generating; a no-op where flock is unavailable.
+
+    The holder removes the lock file when done, so data/ keeps no ``.X.lock`` files. That is
+    safe because a process that got the lock on a file already unlinked (it opened it before the
+    removal) sees that the path no longer names its file and takes the lock again on the new one.
+    """
     try:
         import fcntl
-
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except (ImportError, OSError):
+    except ImportError:
         yield
         return
-    try:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass  # e.g. some network filesystems: fall back to the rename race
+        except OSError:  # e.g. some network filesystems: fall back to the rename race
+            os.close(fd)
+            yield
+            return
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder before us removed it: lock the current file instead
+    try:
         yield
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still holding the lock (see above)
         os.close(fd)  # closing releases the lock
 
 

@@ -36,6 +36,8 @@ from slipstream_rec.data.rawfiles import DEFAULT_CHUNK_BYTES, count_lines, file_
 __all__ = ["TabularSource", "text_key", "text_keys"]
 
 PARQUET_ROWS = 262_144
+# Label texts that usually mean a click: the example a bad-label message proposes as positive.
+_POSITIVE_WORDS = {"yes", "y", "true", "t", "click", "clicked", "positive", "pos"}
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -244,6 +246,7 @@ class TabularSource(Source):
         keep = ok.copy()
         bad = dict(bad)
         bad["bad label"] = lines[~ok]
+        hints = {"bad label": self._label_hint(raw[~ok])} if not ok.all() else {}
         dense = np.zeros((n, len(cfg.dense_columns)), dtype=np.float64)
         ok_dense = np.ones(n, dtype=bool)
         for j, c in enumerate(cfg.dense_columns):
@@ -278,6 +281,27 @@ class TabularSource(Source):
             progress=progress,
             bad=bad,
             time=t,
+            hints={k: v for k, v in hints.items() if v},
+        )
+
+    def _label_hint(self, values: np.ndarray) -> Optional[str]:
+        """What the label column holds that label_rule does not read, and the rule that reads
+        it (a yes/no column needs positive_values; a rating needs threshold); None for empty
+        labels only (a data problem, not a schema one)."""
+        cfg = self.cfg
+        seen = sorted({v for v in np.char.strip(values.astype(str)).tolist() if v})
+        if not seen:
+            return None
+        shown = seen[:6] + (["..."] if len(seen) > 6 else [])
+        expects = "0 or 1" if cfg.label_rule == "binary" else "a number"
+        if _numbers(np.array(seen))[1].all():
+            fix = "label_rule: threshold and label_threshold: <the smallest value that means a click>"
+        else:
+            example = next((v for v in seen if v.lower() in _POSITIVE_WORDS), seen[0])
+            fix = f'label_rule: positive_values and label_positive_values: ["{example}"] (the values that mean a click, quoted)'
+        return (
+            f"label column {cfg.label_column!r} holds {shown}, which label_rule={cfg.label_rule} does "
+            f"not read (it expects {expects}). Fix: in the schema, {fix}."
         )
 
     def count_lines(self, file_index: int) -> int:

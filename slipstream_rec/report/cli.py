@@ -59,7 +59,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     path = html.write(runs, args.out)
     incomplete = [r.label for r in runs if not r.complete]
-    print(f"report: {path} ({len(runs)} runs" + (f", incomplete: {', '.join(incomplete)}" if incomplete else "") + ")")
+    print(f"report: {path} ({len(runs)} run{'s' if len(runs) != 1 else ''}" + (f", incomplete: {', '.join(incomplete)}" if incomplete else "") + ")")
     if (args.out / "paired_results.md").is_file():
         print(f"paired results: {args.out / 'paired_results.md'} (markdown), {args.out / 'frontier.csv'}")
     return 0

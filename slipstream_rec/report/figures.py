@@ -87,6 +87,7 @@ def accuracy(runs: List[Run]) -> Tuple[List[Png], List[str]]:
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
+    # the dashed-line key only where a dashed line is drawn
     drawn_incomplete = any(not run.complete and run.evals("val") for run in runs)
     fig.suptitle("Validation AUC and log loss" + (" (dashed: incomplete run)" if drawn_incomplete else ""))
     return [_png(fig, "accuracy.png", "Validation AUC and log loss vs wall time and vs samples trained")], notes

@@ -39,17 +39,11 @@ class MetricLog:
         self._tb = None
         self._bar = None
         self._start = time.time()
+        # The files open with the first record, when the run has really started: a start refused
+        # before it (a checkpoint that does not fit) leaves the run directory as it was.
+        self._run_dir, self._tensorboard, self._resume_step = run_dir, tensorboard, resume_step
         if not enabled:
             return
-        path = run_dir / "metrics.jsonl"
-        if resume_step is not None and path.exists():
-            _truncate_after(path, resume_step)
-        self._file = open(path, "a", buffering=1)
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
         if progress_bar:
             from tqdm import tqdm
 
@@ -64,6 +58,8 @@ class MetricLog:
             return
         record = {"kind": kind, "step": step, "time": round(time.time() - self._start, 3)}
         record.update({k: _jsonable(v) for k, v in values.items()})
+        if self._file is None:
+            self._open()
         assert self._file is not None
         self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
@@ -74,6 +70,19 @@ class MetricLog:
             self._bar.set_postfix(
                 {k: f"{v:.4g}" for k, v in values.items() if k in ("loss", "samples_per_second")}
             )
+
+    def _open(self) -> None:
+        path = self._run_dir / "metrics.jsonl"
+        resume_step = self._resume_step
+        if resume_step is not None and path.exists():
+            _truncate_after(path, resume_step)
+        # A fresh start (no checkpoint to continue) replaces the records of an earlier attempt.
+        self._file = open(path, "a" if resume_step is not None else "w", buffering=1)
+        if self._tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(self._run_dir / "tensorboard"), purge_step=purge)
 
     def advance(self, steps: int = 1) -> None:
         if self._bar is not None:

@@ -326,3 +326,15 @@ def test_figures_plot_the_records_of_each_run(runs, monkeypatch):
                 assert list(zip(line.get_xdata(), line.get_ydata())) == want, (k, key)
     pp_skips = [r["skip_fraction"] for r in records["pp"] if r["kind"] == "train"]
     assert max(pp_skips) > 0  # paper_plus skipped, so the skip panel's second line is not flat
+
+
+def test_the_accuracy_figure_keys_the_dashed_line_only_when_a_run_is_incomplete(runs, monkeypatch, capsys):
+    from slipstream_rec.report import figures
+    from slipstream_rec.report.runs import load_run
+
+    titles = []
+    monkeypatch.setattr(figures, "_png", lambda fig, *a: titles.append(fig._suptitle.get_text()) or None)
+    complete = [load_run(runs["off"]), load_run(runs["pp"])]
+    figures.accuracy(complete)
+    figures.accuracy(complete + [load_run(runs["crashed"])])
+    assert titles == ["Validation AUC and log loss", "Validation AUC and log loss (dashed: incomplete run)"]

@@ -1,0 +1,83 @@
+"""``slipstream-train --nproc N`` (slipstream_rec/launcher.py), run as a user runs it: the config
+is checked once, N ranks start through torch.distributed.run's API, and the command ends with
+rank 0's result line or one error line, never N copies and torchrun's traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+BIN = Path(sys.executable).parent
+SMOKE = ["experiment=smoke", "trainer.progress_bar=false"]
+
+
+def _train(cwd: Path, *args: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLIPSTREAM_FAULT", "HYDRA_FULL_ERROR", "RANK", "WORLD_SIZE", "TORCHELASTIC"))}  # fmt: skip
+    full.update(OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run([str(BIN / "slipstream-train"), *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=300)
+
+
+def _the_one_error_line(result: subprocess.CompletedProcess) -> str:
+    """stderr's only error line, which is its last line; no traceback (ours or torchrun's)."""
+    err = result.stderr
+    assert "Traceback" not in err and "ChildFailedError" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, err[-3000:]
+    assert err.strip().splitlines()[-1] == errors[0] and errors[0].startswith("slipstream-train: error: ")
+    return errors[0]
+
+
+def test_a_bad_key_is_one_line_before_any_rank_starts(tmp_path):
+    r = _train(tmp_path, "--nproc", "2", *SMOKE, "trainer.bach_size=64")
+    assert r.returncode == 2
+    assert "did you mean trainer.batch_size?" in _the_one_error_line(r)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
+def test_the_batch_check_uses_the_launched_world_size(tmp_path):
+    from tests.data.test_loader import write_dataset
+
+    path = write_dataset(tmp_path / "d", {"train": 300, "val": 40, "test": 40})
+    r = _train(tmp_path, "--nproc", "2", "data.source=npy", f"data.path={path}", "trainer.batch_size=200")
+    assert r.returncode == 2
+    assert "Fix: trainer.batch_size=150 or smaller" in _the_one_error_line(r)  # 300 rows / 2 ranks
+
+
+def test_an_error_on_every_rank_is_printed_once(tmp_path):
+    # found only once the model is sharded, on both ranks: the launcher shows one of the lines
+    r = _train(tmp_path, "--nproc", "2", *SMOKE, "sharding=column_wise", "sharding.column_shard_dim=3")
+    assert r.returncode == 2
+    assert "sharding.column_shard_dim=3 does not divide the embedding dim" in _the_one_error_line(r)
+
+
+def test_two_ranks_train_and_end_with_rank_0s_result_line(tmp_path):
+    r = _train(tmp_path, "--nproc", "2", *SMOKE, "trainer.run_dir=runs/two")
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("done: policy=off ") and "summary=runs/two/summary.json" in last
+    assert r.stdout.count("done: ") == 1  # rank 0 only
+    assert json.loads((tmp_path / "runs" / "two" / "summary.json").read_text())["world_size"] == 2
+
+
+def test_max_restarts_restarts_a_killed_rank_which_resumes_from_its_checkpoint(tmp_path):
+    args = ["--nproc", "2", *SMOKE, "trainer.run_dir=runs/r", "trainer.checkpoint.every_steps=8"]
+    kill = {"SLIPSTREAM_FAULT_STEP": "13", "SLIPSTREAM_FAULT_RANK": "1"}  # SIGKILL, first attempt only
+    lost = _train(tmp_path, *args, env=kill)
+    assert lost.returncode == 3
+    assert "rank 1 was killed by SIGKILL" in _the_one_error_line(lost)
+    restarted = _train(tmp_path, "--max-restarts", "1", *args[:-2], "trainer.run_dir=runs/r2", args[-1], env=kill)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "r2" / "summary.json").read_text())
+    assert summary["resumed_from"]["step"] == 8 and summary["steps"] == 20
+
+
+def test_nproc_is_refused_under_torchrun_and_max_restarts_needs_it(tmp_path):
+    r = _train(tmp_path, "--nproc", "2", *SMOKE, env={"RANK": "0"})
+    assert r.returncode == 2 and "under torchrun or TorchX leave it out" in r.stderr
+    r = _train(tmp_path, "--max-restarts", "1", *SMOKE)
+    assert r.returncode == 2 and "goes with --nproc" in r.stderr
