@@ -275,14 +275,7 @@ def test_lockstep_every_k_steps_resumes_bit_identical_from_inside_a_window(tmp_p
     its first threshold on."""
     common = [*SLIPSTREAM, f"data.root={data_root}", "trainer.lockstep_every_steps=3", "trainer.epochs=1",
               "trainer.max_steps=18", "trainer.checkpoint.every_steps=7"]
-    ref_dir, run_dir = tmp_path / "reference", tmp_path / "run"
-    _torchrun([*common, f"trainer.run_dir={ref_dir}"])
-    fault = {"SLIPSTREAM_FAULT_STEP": "16", "SLIPSTREAM_FAULT_RANK": "0"}
-    _torchrun(
-        [*common, f"trainer.run_dir={run_dir}"],
-        env=fault,
-        launcher=[str(BIN / "torchrun"), "--standalone", "--max-restarts", "1", "--nproc_per_node", "2"],
-    )
+    ref_dir, run_dir = _uninterrupted_and_killed(tmp_path, common, step=16, rank=0)
     ref, got = _summary(ref_dir), _summary(run_dir)
     assert got["resumed_from"]["step"] == 14 and got["steps"] == 18
     assert got["resumed_from"]["data_position_exact"] and got["resumed_from"]["slipstream_tracking_exact"]
@@ -291,27 +284,35 @@ def test_lockstep_every_k_steps_resumes_bit_identical_from_inside_a_window(tmp_p
     _assert_same_state(_final_state(ref_dir, tmp_path), _final_state(run_dir, tmp_path))
 
 
-SERVE = [*(x for x in SLIPSTREAM if not x.startswith("slipstream=")), "slipstream=serve"]
+def _uninterrupted_and_killed(tmp_path: Path, common: List[str], step: int, rank: int):
+    """Run ``common`` once uninterrupted, and once with ``rank`` killed after ``step`` and
+    restarted by torchrun; returns both run directories."""
+    ref_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    _torchrun([*common, f"trainer.run_dir={ref_dir}"])
+    _torchrun(
+        [*common, f"trainer.run_dir={run_dir}"],
+        env={"SLIPSTREAM_FAULT_STEP": str(step), "SLIPSTREAM_FAULT_RANK": str(rank)},
+        launcher=[str(BIN / "torchrun"), "--standalone", "--max-restarts", "1", "--nproc_per_node", "2"],
+    )
+    return ref_dir, run_dir
+
+
+# serve: the replica re-copied and the served gradients pushed every 2 steps (snapshots every 4)
+SERVE = [*(x for x in SLIPSTREAM if not x.startswith("slipstream=")), "slipstream=serve",
+         "slipstream.replica_sync_steps=2", "trainer.epochs=1", "trainer.max_steps=26"]
 SERVE_COUNTERS = [*COUNTERS, "samples_served", "lookups_served", "served_fraction"]
 
 
 @pytest.mark.parametrize("every", [1, 3])
 def test_serve_resumes_bit_identical_from_a_mid_run_checkpoint(tmp_path, data_root, every):
     """slipstream=serve killed at step 21 and resumed from step 16: the replica, the served
-    samples' gradient sums not pushed yet (snapshots at 6, 10, 14, 18, ...), the split batches in
+    samples' gradient sums not pushed yet (pushed at 6, 8, 10, ...), the split batches in
     flight and, with lock-step every 3, the agreed sharded sizes of the window must all come back
     for the run to end as the uninterrupted one, byte counters included: the resumed run sends the
     ids of the two batches that were in flight once more (the pipeline's input all-to-all runs
     again for them), and nothing else."""
     common = [*SERVE, f"data.root={data_root}", f"trainer.lockstep_every_steps={every}"]
-    ref_dir, run_dir = tmp_path / "reference", tmp_path / "run"
-    _torchrun([*common, f"trainer.run_dir={ref_dir}"])
-    fault = {"SLIPSTREAM_FAULT_STEP": "21", "SLIPSTREAM_FAULT_RANK": "1"}
-    _torchrun(
-        [*common, f"trainer.run_dir={run_dir}"],
-        env=fault,
-        launcher=[str(BIN / "torchrun"), "--standalone", "--max-restarts", "1", "--nproc_per_node", "2"],
-    )
+    ref_dir, run_dir = _uninterrupted_and_killed(tmp_path, common, step=21, rank=1)
     ref, got = _summary(ref_dir), _summary(run_dir)
     assert got["resumed_from"]["step"] == 16
     assert got["resumed_from"]["data_position_exact"] and got["resumed_from"]["slipstream_tracking_exact"]
