@@ -1,5 +1,5 @@
 # `make demo`: install what is missing into .venv, then a 2-process CPU training of the main job
-# (the default clicklog data, Slipstream paper_plus). `make test`: install what is missing, then
+# (the default clicklog data, Slipstream serve). `make test`: install what is missing, then
 # the test suite.
 # `make image-check`: build docker/Dockerfile.cpu with docker or podman and try it (self-check,
 # 2-process training, torchx); `make image-check-gpu`: the GPU Dockerfile's install, without a GPU

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -88,6 +89,8 @@ def main() -> None:
     args = p.parse_args()
     settings = settings_from(args)
     runs_root = ROOT / "benchmarks" / "results" / "runs" / f"serve_{args.name}"
+    if runs_root.exists():  # an earlier invocation's runs: a run directory is never trained twice
+        shutil.rmtree(runs_root)
     runs: Dict[str, List[Dict]] = {label: [] for label in settings}
     for r in range(args.seeds):
         order = list(settings) if r % 2 == 0 else list(reversed(settings))

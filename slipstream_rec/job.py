@@ -205,6 +205,7 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         "sharding": job.sharding.type.value,
         "sharding_plan": plan,
         "policy": job.slipstream.policy.value,
+        "action": job.slipstream.action.value,
         "experiment": job.experiment,
         "model": job.model.arch.value,
         "dataset": str(data_dir),
@@ -221,7 +222,8 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
     if env.is_rank0:
         write_json_atomic(run_dir / "summary.json", summary)
         print(
-            f"done: policy={summary['policy']} skip_fraction={summary['skip_fraction']:.3f} "
+            f"done: policy={summary['policy']} action={summary['action']} "
+            f"skip_fraction={summary['skip_fraction']:.3f} served_fraction={summary['served_fraction']:.3f} "
             f"val_auc={summary['val_auc']:.4f} val_logloss={summary['val_logloss']:.4f} "
             f"test_auc={summary['test_auc'] if summary['test_auc'] is None else round(summary['test_auc'], 4)} "
             f"samples_per_second={summary['samples_per_second']:.0f} "

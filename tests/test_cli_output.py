@@ -63,4 +63,4 @@ def test_train_help_lists_every_option_of_every_group_with_its_description(capsy
         )  # fmt: skip
         text = rows[key]
         assert 20 <= len(text) <= 100 and comment.startswith(text.removesuffix("...")), (key, text)
-    assert "*paper_plus" in out and "*clicklog" in out and "*dlrm_criteo_kaggle" in out  # defaults marked
+    assert "*serve" in out and "*clicklog" in out and "*dlrm_criteo_kaggle" in out  # defaults marked

@@ -23,8 +23,9 @@ def test_default_config_is_typed():
     assert job.model.dense_arch_layer_sizes == [512, 256, 64, 16]  # the DLRM Criteo reference
     assert job.model.over_arch_layer_sizes == [512, 256, 1]
     assert job.sharding.type is ShardingKind.auto
-    # the main job is the product: paper_plus, with its quality check, on the click log
-    assert job.slipstream.policy.value == "paper_plus" and job.slipstream.quality_check
+    # the main job is the product: paper_plus's tracking serving the stale inputs, on the click log
+    assert job.slipstream.policy.value == "paper_plus" and job.slipstream.action.value == "serve"
+    assert not job.slipstream.quality_check
     assert job.data.source == "clicklog"
 
 

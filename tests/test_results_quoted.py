@@ -91,7 +91,7 @@ TABLES = [
         doc="README.md",
         header="| data | policy | skip |",
         rows={
-            ("`clicklog` (default)", "`paper_plus`"): ("slipstream_clicklog.json", "paper_plus"),
+            ("`clicklog`", "`paper_plus`"): ("slipstream_clicklog.json", "paper_plus"),
             ("`clicklog`, seeds 0-1", "`negative_sampling`"): ("slipstream_clicklog_negatives.json", "negative_sampling"),
             ("`clicklog`, seeds 0-1", "`paper_plus_negatives`"): ("slipstream_clicklog_negatives.json", "paper_plus_negatives"),
             ("`movielens_1m`", "`paper_plus`"): ("slipstream_movielens_1m.json", "paper_plus"),
