@@ -48,7 +48,7 @@ def settings_from(args: argparse.Namespace) -> Dict[str, List[str]]:
         label, _, overrides = spec.partition("=")
         settings[label] = [o for o in overrides.split(",") if o]
     for d in [x for x in args.curve.split(",") if x]:
-        settings[f"serve@D={d}"] = ["slipstream=serve", f"slipstream.target_skip_fraction={d}"]
+        settings[f"serve_D{d}"] = ["slipstream=serve", f"slipstream.target_skip_fraction={d}"]
     return settings
 
 
