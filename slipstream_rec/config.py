@@ -104,6 +104,13 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
         job.slipstream.validate()
         job.optim.validate()
         check_model_config(job.model)
+        if job.slipstream.serves and job.trainer.pipeline.value != "sparse_dist":
+            # the Trainer refuses it too, where it is used; here it is refused before anything runs
+            raise ValueError(
+                f"trainer.pipeline={job.trainer.pipeline.value} cannot run slipstream.action=serve: "
+                "the served samples' gradients are pushed between backward and optimizer step of the "
+                "sparse_dist pipeline. Fix: trainer.pipeline=sparse_dist, or another slipstream policy"
+            )
     except ValueError as e:  # the component's message names its key and the fix
         raise ConfigError(f"invalid configuration: {e}") from e
     return job

@@ -152,3 +152,18 @@ def test_unknown_policy_lists_the_policies():
     with pytest.raises(ConfigError) as e:
         load_config(["slipstream.policy=fast"])
     assert "paper_plus" in str(e.value) and "track_only" in str(e.value)
+
+
+def test_serve_is_refused_with_the_base_pipeline_before_anything_runs():
+    with pytest.raises(ConfigError) as e:
+        load_config(["slipstream=serve", "trainer.pipeline=base"])
+    assert "trainer.pipeline=base" in str(e.value) and "Fix: trainer.pipeline=sparse_dist" in str(e.value)
+    for bad, key in [("slipstream.alpha=0.9", "slipstream.alpha"), ("slipstream.keep_probability=0.3", "slipstream.keep_probability"),
+                     ("slipstream.replica_sync_steps=7", "slipstream.replica_sync_steps"),
+                     ("slipstream.hot_refresh_steps=30", "slipstream.hot_refresh_steps")]:
+        with pytest.raises(ConfigError) as e:
+            load_config(["slipstream=serve", bad])
+        assert key in str(e.value), (bad, str(e.value))
+    with pytest.raises(ConfigError) as e:
+        load_config(["slipstream=track_only", "slipstream.action=serve"])
+    assert "slipstream.policy" in str(e.value)
