@@ -244,7 +244,9 @@ class SlipstreamController:
         since = step - cfg.count_steps
         if self.server is not None and self._sync_step(step) and not self._snapshot_step(step):
             # All ranks: the same rows copied again from the shards, which the push just updated.
+            t0 = time.perf_counter()
             self.server.rebuild(self.server.replica.keys)
+            self.seconds["sync"] += time.perf_counter() - t0
         if since < 0 or since % cfg.snapshot_interval:
             return None
         t0 = time.perf_counter()
