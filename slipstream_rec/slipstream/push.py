@@ -37,8 +37,9 @@ class ServedGradients:
     def __init__(self, index: RowIndex, dim: int) -> None:
         self.index = index
         self.dim = int(dim)
-        self.keys = torch.zeros(0, dtype=torch.int64)
-        self.grads = torch.zeros(0, self.dim)
+        self._keys = torch.zeros(0, dtype=torch.int64)
+        self._grads = torch.zeros(0, self.dim)
+        self._parts: List[Any] = []  # (keys, sums) of the steps since the last merge
         self.pushes = 0  # pushes that moved at least one row (same count on every rank)
         self.rows_pushed = 0  # rows this rank pushed, all pushes
 
@@ -53,12 +54,35 @@ class ServedGradients:
         device = bag_grads.device
         flat = self.index.flat_keys(kjt).to(device)
         per_bag = bag_grads.detach().float().transpose(0, 1).reshape(-1, self.dim)  # feature-major
-        per_lookup = per_bag.repeat_interleave(lengths.to(device), dim=0)
-        keys = torch.cat([self.keys.to(device), flat])
-        grads = torch.cat([self.grads.to(device), per_lookup])
+        # one id per bag (the usual case): the bags are the lookups
+        per_lookup = per_bag if bool((lengths == 1).all()) else per_bag.repeat_interleave(lengths.to(device), dim=0)
+        # this step's rows summed now (few distinct rows, many lookups); the steps' sums are
+        # merged only when they are read (the push, a checkpoint): O(step) work per step
+        step_keys, inverse = torch.unique(flat, return_inverse=True)
+        step_grads = torch.zeros(step_keys.numel(), self.dim, device=device).index_add_(0, inverse, per_lookup)
+        self._parts.append((step_keys, step_grads))
+
+    def _merge(self) -> None:
+        if not self._parts:
+            return
+        keys = torch.cat([self._keys.to(self._parts[0][0].device)] + [k for k, _ in self._parts])
+        grads = torch.cat([self._grads.to(self._parts[0][1].device)] + [g for _, g in self._parts])
+        self._parts = []
         unique, inverse = torch.unique(keys, return_inverse=True)
-        self.keys = unique
-        self.grads = torch.zeros(unique.numel(), self.dim, device=device).index_add_(0, inverse, grads)
+        self._keys = unique
+        self._grads = torch.zeros(unique.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """The summed rows, sorted flat keys."""
+        self._merge()
+        return self._keys
+
+    @property
+    def grads(self) -> torch.Tensor:
+        """Their gradient sums, (rows, D)."""
+        self._merge()
+        return self._grads
 
     def push(self, units: List[ShardUnit], feature_idx: Dict[str, int]) -> int:
         """Exchange the sums and apply them to this rank's shards ``units``; returns the bytes
@@ -83,7 +107,7 @@ class ServedGradients:
                 _apply(kernel, device, parts)
         self.pushes += 1
         self.rows_pushed += int(keys.numel())
-        self.keys, self.grads = torch.zeros(0, dtype=torch.int64), torch.zeros(0, self.dim, device=self.grads.device)
+        self._keys, self._grads = torch.zeros(0, dtype=torch.int64), torch.zeros(0, self.dim, device=self._grads.device)
         return int(sent)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -93,8 +117,9 @@ class ServedGradients:
         }  # fmt: skip
 
     def load_state_dict(self, state: Dict[str, Any], device: torch.device) -> None:
-        self.keys = state["keys"].clone()
-        self.grads = state["grads"].to(device)
+        self._keys = state["keys"].clone()
+        self._grads = state["grads"].to(device)
+        self._parts = []
         self.pushes, self.rows_pushed = int(state["pushes"]), int(state["rows_pushed"])
 
 
