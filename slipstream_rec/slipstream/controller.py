@@ -104,7 +104,7 @@ class SlipstreamController:
             # chosen within budget / (1 + world) keep both within it.
             self.budget //= 1 + world
         # serve: the replica of the stale rows and what serving owes (collective: all ranks).
-        self.server = StaleServer(self.tracker, self.index, feature_names) if cfg.serves else None
+        self.server = StaleServer(self.tracker, self.index) if cfg.serves else None
         self.plan = self.server.plan if self.server is not None else ServePlan()
         self._count_every = max(1, round(1.0 / cfg.count_fraction))
         self.decider = SkipDecider(

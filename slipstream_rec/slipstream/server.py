@@ -32,7 +32,7 @@ Counts = Tuple[torch.Tensor, torch.Tensor]  # (sorted flat keys, int64 counts)
 class StaleServer:
     """Replica, split plan, served gradients and served lookup counts of one rank."""
 
-    def __init__(self, tracker: StalenessTracker, index: RowIndex, feature_names: List[str]) -> None:
+    def __init__(self, tracker: StalenessTracker, index: RowIndex) -> None:
         # Collective (all ranks): the embedding dim is agreed by a MAX all-reduce, as a rank may
         # hold no shard at all.
         units = tracker.units
@@ -47,7 +47,6 @@ class StaleServer:
         device = units[0].weights.device if units else torch.device("cpu")
         self.tracker = tracker
         self.index = index
-        self.feature_names = list(feature_names)
         self.replica = StaleReplica(index, dim, device)
         self.plan = ServePlan(self.replica)
         self.grads = ServedGradients(index, dim)
