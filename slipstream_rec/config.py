@@ -105,7 +105,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
         job.optim.validate()
         check_model_config(job.model)
         if job.slipstream.serves and job.trainer.pipeline.value != "sparse_dist":
-            # the Trainer refuses it too, where it is used; here it is refused before anything runs
+            # refused here, before anything runs (the Trainer asserts it where it wires the push)
             raise ValueError(
                 f"trainer.pipeline={job.trainer.pipeline.value} cannot run slipstream.action=serve: "
                 "the served samples' gradients are pushed between backward and optimizer step of the "

@@ -204,21 +204,25 @@ class SlipstreamController:
             self.stream = None
 
     # ---- step side (collectives on shared step numbers) -------------------------------------
-    def _snapshot_step(self, step: int) -> bool:
+    def _every(self, step: int, every: int, from_count_steps: bool = True) -> bool:
+        """Whether ``step`` is one of every ``every`` steps counted from ``count_steps`` (which
+        itself counts only with ``from_count_steps``); the same answer on every rank."""
         since = step - self.cfg.count_steps
-        return since >= 0 and since % self.cfg.snapshot_interval == 0
+        return every > 0 and (since >= 0 if from_count_steps else since > 0) and since % every == 0
+
+    def _snapshot_step(self, step: int) -> bool:
+        return self._every(step, self.cfg.snapshot_interval)
 
     def _sync_step(self, step: int) -> bool:
         """serve: a step after which the served gradients are pushed and the replica re-copied
         (every snapshot, and every ``replica_sync_steps`` in between)."""
-        since, every = step - self.cfg.count_steps, self.cfg.replica_sync_steps or self.cfg.snapshot_interval
-        return since >= 0 and since % every == 0
+        return self._every(step, self.cfg.replica_sync_steps or self.cfg.snapshot_interval)
 
     def after_backward(self, task: Any) -> None:
         """Called by every rank after the backward of each training step, before its optimizer
-        step; only ``serve`` acts there (``StaleServer.after_backward``: on a snapshot step, a
+        step; only ``serve`` acts there (``StaleServer.after_backward``: on a sync step, a
         collective that pushes the served samples' row gradients before ``after_step``
-        snapshots the rows)."""
+        snapshots or copies the rows)."""
         if self.server is not None:
             self.server.after_backward(task, self._sync_step(self.step + 1))  # the step trained
 
@@ -230,9 +234,7 @@ class SlipstreamController:
         return self.server.take_counts() if self.server is not None else None
 
     def _refresh_step(self, step: int) -> bool:
-        since = step - self.cfg.count_steps
-        every = self.cfg.hot_refresh_steps
-        return every > 0 and since > 0 and since % every == 0
+        return self._every(step, self.cfg.hot_refresh_steps, from_count_steps=False)
 
     def after_step(self, step: int) -> Optional[Dict[str, Any]]:
         """Called by every rank after each step; returns a record to log, or None."""
@@ -242,12 +244,13 @@ class SlipstreamController:
         cfg = self.cfg
         self.tracker.set_counting(self._counts_step(step + 1))
         since = step - cfg.count_steps
-        if self.server is not None and self._sync_step(step) and not self._snapshot_step(step):
+        snapshot = self._snapshot_step(step)
+        if self.server is not None and self._sync_step(step) and not snapshot:
             # All ranks: the same rows copied again from the shards, which the push just updated.
             t0 = time.perf_counter()
             self.server.rebuild(self.server.replica.keys)
             self.seconds["sync"] += time.perf_counter() - t0
-        if since < 0 or since % cfg.snapshot_interval:
+        if not snapshot:
             return None
         t0 = time.perf_counter()
         if since == 0:

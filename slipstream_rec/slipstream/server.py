@@ -4,9 +4,11 @@ The controller owns one ``StaleServer`` under ``slipstream.action=serve`` and ca
 points of every step, all on step numbers every rank shares:
 - the data side splits each batch between the shards and the replica (``plan``, via lockstep);
 - after backward (``after_backward``): the served samples' row gradients are summed and, on a
-  snapshot step, pushed through the shards (``push.py``); on a counted step their lookups are
-  counted, since no shard sees them and the hot set must still see their rows looked up;
-- after the snapshot (``rebuild``): the replica follows the new stale set.
+  sync step (every ``replica_sync_steps``, and every snapshot), sent to the shards that hold
+  their rows (``push.py``); on a counted step their lookups are counted, since no shard sees
+  them and the hot set must still see their rows looked up;
+- after the snapshot (``rebuild``): the replica follows the new stale set; after the other sync
+  steps it is copied again.
 """
 
 from __future__ import annotations
@@ -53,18 +55,18 @@ class StaleServer:
         self.push_seconds = 0.0
         self._counts: List[Counts] = []  # served lookups of counted steps, merged lazily
 
-    # ---- after backward (collective on snapshot steps) ----------------------------------------
-    def after_backward(self, task: Any, snapshot_step: bool) -> None:
+    # ---- after backward (collective on sync steps) --------------------------------------------
+    def after_backward(self, task: Any, sync_step: bool) -> None:
         """Take the gradient the served samples' pooled embeddings received (``DLRMTask``) and add
-        it to their rows' sums; count their lookups on a counted step; on a snapshot step push
-        the sums (all ranks: ``snapshot_step`` is the same on every rank)."""
+        it to their rows' sums; count their lookups on a counted step; on a sync step push the
+        sums (all ranks: ``sync_step`` is the same on every rank)."""
         served = task.take_served()
         if served is not None and served[1].grad is not None:
             self.grads.add(served[0], served[1].grad)
             if self.tracker.modules[0].counting:
                 keys = self.index.flat_keys(served[0].to(torch.device("cpu")))
                 self._counts.append(torch.unique(keys, return_counts=True))
-        if snapshot_step:
+        if sync_step:
             t0 = time.perf_counter()
             sent = self.grads.push(self.tracker.units, self.tracker.feature_index)  # all ranks
             self.tracker.modules[0].a2a_bytes["gradient"] += sent  # the push carries gradients

@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from slipstream_rec.data.types import Batch
-from slipstream_rec.slipstream.batch_ops import select_kjt, select_rows
+from slipstream_rec.slipstream.batch_ops import select_kjt
 from slipstream_rec.slipstream.classify import lookups_per_sample
 from slipstream_rec.slipstream.replica import StaleReplica
 
@@ -74,11 +74,15 @@ class ServePlan:
         assert needed <= sharded <= b, (needed, sharded, b)
         extra = sharded - needed  # servable samples sent through the shards anyway
         order = torch.cat([(~mask).nonzero().view(-1), servable])  # needed first, then servable
-        out = select_rows(Batch(batch.dense_features, batch.sparse_features, batch.labels, batch.weights), order)
-        out.sparse_features = select_kjt(batch.sparse_features, order[:sharded])
         served = batch.served_pooled[extra:]  # type: ignore[index]
-        out.served_pooled = served
-        out.served_features = select_kjt(batch.sparse_features, order[sharded:])
+        out = Batch(
+            dense_features=batch.dense_features.index_select(0, order),
+            sparse_features=select_kjt(batch.sparse_features, order[:sharded]),
+            labels=batch.labels.index_select(0, order),
+            weights=batch.weights.index_select(0, order),
+            served_pooled=served,
+            served_features=select_kjt(batch.sparse_features, order[sharded:]),
+        )
         self.samples_served += int(served.shape[0])
         self.lookups_served += int(lookups_per_sample(out.served_features).sum())
         self.seconds += time.perf_counter() - t0

@@ -217,12 +217,8 @@ class Trainer:
         self.faults = FaultInjector.from_env(env.rank)
         slipstream.scorer = self.score
         if slipstream.cfg.serves:
-            if not isinstance(self.pipeline, TimedTrainPipelineSparseDist):
-                raise ValueError(
-                    f"trainer.pipeline={cfg.pipeline.value} cannot run slipstream.action=serve: the "
-                    "served samples' gradients are pushed between backward and optimizer step of "
-                    "the sparse_dist pipeline. Fix: trainer.pipeline=sparse_dist"
-                )
+            # load_config refuses serve with another pipeline (slipstream_rec/config.py)
+            assert isinstance(self.pipeline, TimedTrainPipelineSparseDist), "serve needs sparse_dist"
             task = getattr(model, "module", model)
             self.pipeline.after_backward = lambda: slipstream.after_backward(task)
 
