@@ -44,8 +44,8 @@ def run_ours(steps: int, batch: int, sharding: str, nproc: int, extra: list[str]
                 "-m", "slipstream_rec.train", f"trainer.max_steps={steps}",
                 f"trainer.batch_size={batch}", f"sharding={sharding}", "trainer.eval_every_steps=0",
                 "trainer.test_at_end=false", "trainer.progress_bar=false", "trainer.tensorboard=false",
-                # the baseline: slipstream=off whatever the default policy (overrides may follow)
-                f"trainer.run_dir={tmp}", "slipstream=off", *extra,
+                # the baseline: slipstream=off in fp32 whatever the defaults (overrides may follow)
+                f"trainer.run_dir={tmp}", "slipstream=off", "trainer.precision=fp32", *extra,
             ],
             nproc,
         )

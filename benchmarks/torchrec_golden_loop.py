@@ -3,10 +3,14 @@
 applied in backward, DMP with TorchRec's default sharders, a KeyedOptimizerWrapper for the dense
 parameters, and TrainPipelineSparseDist stepping over TorchRec's own binary Criteo reader.
 
-Run under torchrun; prints one JSON line with the measured throughput (rank 0):
+Run under torchrun; prints one JSON line with the measured throughput (rank 0), and with
+``--test`` the test split's AUC, log loss and calibration after training (the model in eval
+mode, TorchRec's reader over test_*.npy, the metrics gathered from every rank):
 
     torchrun --standalone --nproc_per_node 2 benchmarks/torchrec_golden_loop.py \
         --data DATASET_DIR --steps 300 --batch-size 2048 --sharding table_wise
+    torchrun --standalone --nproc_per_node 2 benchmarks/torchrec_golden_loop.py \
+        --data DATASET_DIR --steps 0 --sharding auto --seed 1 --test   # one epoch, then test
 """
 
 from __future__ import annotations
@@ -39,7 +43,9 @@ warnings.filterwarnings("ignore")
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True, help="dataset dir with train_{dense,sparse,labels}.npy and meta.json")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=300, help="training steps (0: one whole epoch)")
+    p.add_argument("--seed", type=int, default=0, help="rank r seeds its parameters with seed * 1000 + r")
+    p.add_argument("--test", action="store_true", help="evaluate on the test split after training")
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--sharding", default="table_wise", help="a sharding type, or auto")
     p.add_argument("--embedding-lr", type=float, default=0.05)
@@ -52,7 +58,7 @@ def main() -> None:
     meta = json.load(open(os.path.join(args.data, "meta.json")))
     names, rows = meta["sparse_feature_names"], meta["num_embeddings_per_feature"]
 
-    torch.manual_seed(rank)
+    torch.manual_seed(args.seed * 1000 + rank)
     tables = [
         EmbeddingBagConfig(name=f"t_{f}", embedding_dim=16, num_embeddings=n, feature_names=[f])
         for f, n in zip(names, rows)
@@ -98,21 +104,50 @@ def main() -> None:
     steps = 0
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(args.steps):
+    while args.steps == 0 or steps < args.steps:
         try:
             pipeline.progress(it)
         except StopIteration:
             break
         steps += 1
     seconds = time.perf_counter() - start
+    result = {}
+    if args.test:
+        # the pipeline rewired the sparse modules' forward for pipelining: detach restores it
+        result = evaluate_test(pipeline.detach(), args.data, args.batch_size, rank, world)  # all ranks
     if rank == 0:
         sharding = sorted({ps.sharding_type for mp in plan.plan.values() for ps in mp.values()})
         samples = steps * args.batch_size * world
         print(json.dumps({
             "runner": "torchrec_golden", "steps": steps, "samples": samples,
             "train_seconds": seconds, "samples_per_second": samples / seconds, "sharding": sharding,
+            **result,
         }), flush=True)
     dist.destroy_process_group()
+
+
+@torch.no_grad()
+def evaluate_test(dmp: torch.nn.Module, data: str, batch_size: int, rank: int, world: int) -> dict:
+    """Test AUC, log loss, observed and mean predicted CTR over every rank's full batches (the
+    reader drops each rank's last partial batch). Collective: all ranks enter."""
+    from slipstream_rec.training.metrics import evaluate_predictions
+
+    split = lambda kind: [os.path.join(data, f"test_{kind}.npy")]  # noqa: E731
+    datapipe = InMemoryBinaryCriteoIterDataPipe(
+        "train", split("dense"), split("sparse"), split("labels"),  # "train": the whole file, per rank
+        batch_size=batch_size, rank=rank, world_size=world, drop_last=True,
+    )
+    dmp.eval()
+    logits, labels = [], []
+    for batch in DataLoader(datapipe, batch_size=None, pin_memory=False, num_workers=0):
+        _, (_, batch_logits, batch_labels) = dmp(batch)
+        logits.append(batch_logits.float().view(-1))
+        labels.append(batch_labels.float().view(-1))
+    metrics = evaluate_predictions(torch.cat(logits), torch.cat(labels))  # all ranks: gathers
+    return {
+        "test_auc": metrics["auc"], "test_logloss": metrics["logloss"], "test_ctr": metrics["ctr"],
+        "test_predicted_ctr": metrics["predicted_ctr"], "test_samples": metrics["num_samples"],
+    }
 
 
 if __name__ == "__main__":

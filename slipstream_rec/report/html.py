@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from slipstream_rec.report import figures, frontier, paired, traffic
+from slipstream_rec.report import downsampling, figures, frontier, paired, traffic
 from slipstream_rec.report.compare import comparison_rows, config_diff, show
 from slipstream_rec.report.runs import Run
 
@@ -176,6 +176,27 @@ def build(runs: List[Run]) -> Dict[str, Any]:
             "counted from the tensors: ids and lengths, pooled embeddings, their gradients; every rank's sends, "
             "the serve action's gradient pushes included); served fraction = samples answered from the replica "
             "of stale rows; replica sync = its all-gathers, not part of the total.", body))
+
+    # -- precision, negative downsampling, calibration
+    rows_d = downsampling.run_rows(runs)
+    if rows_d:
+        spec = ["", "", "", "", ".2f", "int", ".4f", ".4f", ".3f"]
+        body = _table(downsampling.RUN_HEADER,
+                      [[_e(r[0])] + [_e(str(v)) if f == "" else fmt(v, f) for v, f in zip(r[1:], spec[1:])] for r in rows_d],
+                      left=4, table_id="levers-table")
+        guard = downsampling.guard_rows(runs)
+        if guard:
+            gspec = ["", "int", "", ".2f", ".2f", ".4f", ".4f", ".4f", ".4f", ".4f", ""]
+            body += "<p>Every decision of the rule and every check of the guard:</p>" + _table(
+                downsampling.GUARD_HEADER,
+                [[_e(r[0])] + [_e(str(v)) if f == "" else fmt(v, f) for v, f in zip(r[1:], gspec[1:])] for r in guard],
+                left=3, table_id="guard-table")
+        sections.append(_section(
+            "levers", "Precision, negative downsampling and calibration",
+            "trainer.precision as chosen (auto reads the machine); slipstream.negative_downsampling: the rule's rate "
+            "from the click rate of the first look-ahead, then the guard's checks on held-out samples (added noise = "
+            "rate / (1 - rate) x the non-clicks' share of the logit-gradient variance; above max noise it backs off). "
+            "Predicted / observed: the mean predicted click rate on test over the observed one (1 = calibrated).", body))
 
     # -- config diff
     if first.config is None:

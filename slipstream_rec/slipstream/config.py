@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Union
 
 from slipstream_rec.validation import check_fields
 
@@ -137,12 +138,22 @@ class SlipstreamConfig:
     # skipping is safe, so D is lowered.
     quality_min_samples: int = 200
 
-    # --- negative downsampling beside a staleness policy
-    # Fraction of the non-clicks dropped uniformly at random from the first step, before the
-    # policy classifies what remains (He et al. 2014); evaluation adds log(1 - f) to every logit
-    # so predicted click rates stay calibrated. Only with paper / paper_plus: alone it is
-    # slipstream=negative_sampling.
-    negative_downsampling: float = 0.0
+    # --- negative downsampling beside any policy (slipstream/downsampling.py)
+    # Fraction f of the non-clicks dropped uniformly at random, before the policy classifies
+    # (or serves) what remains (He et al. 2014); evaluation adds log(1 - f) to every logit so
+    # predicted click rates stay calibrated. A number forces that rate from the first step (0:
+    # none); "auto" chooses it from the click rate of the first look-ahead (the rule:
+    # negatives_per_click) and lowers it while training if it costs (the guard).
+    negative_downsampling: Union[float, str] = 0.0
+    # auto: the rule keeps at least this many non-clicks per click (f = 1 - m c / (1 - c)).
+    negatives_per_click: float = 25.0
+    # auto: steps between two guard checks, each over the batches trained since the last (0:
+    # no guard; the first window is measured, never acted on).
+    downsampling_guard_steps: int = 100
+    # auto: the most gradient noise downsampling may add, as a fraction of the variance of the
+    # gradient with respect to the logits (f / (1 - f) x the non-clicks' share of it, measured
+    # on held-out samples); above it the guard lowers f.
+    downsampling_max_noise: float = 0.05
 
     # --- the control (policy random only)
     # Fraction of the samples skipped uniformly at random, whatever their lookups. Set it to the
@@ -178,13 +189,15 @@ class SlipstreamConfig:
             ("warmup_steps", self.warmup_steps >= 0, "0 or more steps"),
             ("random_skip_fraction", 0 <= self.random_skip_fraction < 1, "a fraction in [0, 1)"),
             ("quality_sample_size", self.quality_sample_size >= 1, "a positive sample count"),
-            ("negative_downsampling", 0 <= self.negative_downsampling < 1, "a fraction in [0, 1)"),
             (
                 "negative_downsampling",
-                self.negative_downsampling == 0 or self.policy in (Policy.paper, Policy.paper_plus),
-                "0 with this policy: it combines uniform negative downsampling with paper or "
-                "paper_plus; alone, use slipstream=negative_sampling",
+                self.negative_downsampling == "auto"
+                or (not isinstance(self.negative_downsampling, str) and 0 <= self.negative_downsampling < 1),
+                "auto (chosen from the data and guarded) or a fraction of the non-clicks in [0, 1)",
             ),
+            ("negatives_per_click", self.negatives_per_click > 0, "a positive number of non-clicks per click"),
+            ("downsampling_guard_steps", self.downsampling_guard_steps >= 0, "0 (no guard) or a step count"),
+            ("downsampling_max_noise", self.downsampling_max_noise > 0, "a positive fraction of the gradient's variance"),
             ("quality_min_gain", 0 <= self.quality_min_gain < 1, "a fraction in [0, 1)"),
             ("quality_z", self.quality_z >= 0, "0 or more standard errors"),
             ("quality_step", 0 < self.quality_step <= 1, "a fraction in (0, 1]"),

@@ -39,6 +39,7 @@ from slipstream_rec.slipstream.classify import (
     threshold_for_target,
 )
 from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
+from slipstream_rec.slipstream.downsampling import NegativeDownsampler
 from slipstream_rec.slipstream.server import StaleServer
 from slipstream_rec.slipstream.serving import ServePlan
 from slipstream_rec.slipstream.lockstep import lockstep
@@ -120,8 +121,12 @@ class SlipstreamController:
             enabled=cfg.skips,
             negatives_only=cfg.negatives_only,
             random_fraction=cfg.random_skip_fraction,
-            negative_downsampling=cfg.negative_downsampling,
         )
+        # Uniform negative downsampling beside the policy, fixed or chosen and guarded (auto).
+        self.downsampler = NegativeDownsampler(
+            cfg.negative_downsampling, seed * 1000 + rank, cfg.negatives_per_click,
+            cfg.downsampling_guard_steps, cfg.downsampling_max_noise,
+        )  # fmt: skip
         self.stream: Optional[SkippingStream] = None
         self._streams_done: Dict[str, int] = {"seen": 0, "skipped": 0, "dropped": 0}
         self.step = 0
@@ -163,12 +168,15 @@ class SlipstreamController:
 
     def _decide(self, batch: Batch) -> Any:
         t0 = time.perf_counter()
+        dropped = self.downsampler.drop_mask(batch.labels)  # None at rate 0
         if self.cfg.policy is Policy.off or self.cfg.serves:  # keep all, classify nothing here
             out = torch.ones(batch.batch_size, dtype=torch.bool), torch.ones(batch.batch_size)
         else:
-            out = self.decider(batch)
+            out = self.decider(batch, dropped)
             if self.first_skip_step is None and self.cfg.skips and not bool(out[0].all()):
                 self.first_skip_step = self.step
+        if dropped is not None:  # also for off, serve and track_only, which keep the rest
+            out = out[0] & ~dropped, out[1]
         self.seconds["classify"] += time.perf_counter() - t0
         return out
 
@@ -190,6 +198,12 @@ class SlipstreamController:
         )
         if stream_state is not None:
             self.stream.load_state_dict(stream_state)
+        # All ranks, at every epoch's start (a no-op collective once the rate is decided): the
+        # rule's rate from the labels of the look-ahead, before the first batch is classified.
+        upcoming = self.stream.peek_upcoming(self.cfg.lookahead_batches * self.batch_size)
+        record = self.downsampler.choose_from_labels(None if upcoming is None else upcoming.labels, self.step)
+        if record is not None and self.is_rank0:
+            logger.info("slipstream: negative downsampling at step %d: %s", self.step, record["reason"])
         return lockstep(self.stream, on_drop=self._dropped, every=lockstep_every, plan=self.plan)
 
     def _dropped(self, n: int) -> None:
@@ -235,6 +249,21 @@ class SlipstreamController:
 
     def _refresh_step(self, step: int) -> bool:
         return self._every(step, self.cfg.hot_refresh_steps, from_count_steps=False)
+
+    def observe(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """The logits and labels of the batch just trained (the downsampling guard's held-out
+        samples: each was scored before any update from it). Local."""
+        if self.downsampler.guard_steps > 0:
+            self.downsampler.observe(logits, labels)
+
+    def downsampling_check(self, step: int) -> Optional[Dict[str, Any]]:
+        """The downsampling guard on its steps (collective: every rank, the same steps)."""
+        if not self.downsampler.is_guard_step(step):
+            return None
+        record = self.downsampler.guard(step)
+        if self.is_rank0 and record["rate_after"] != record["rate_before"]:
+            logger.warning("slipstream: negative downsampling at step %d: %s", step, record["reason"])
+        return record
 
     def after_step(self, step: int) -> Optional[Dict[str, Any]]:
         """Called by every rank after each step; returns a record to log, or None."""
@@ -383,6 +412,7 @@ class SlipstreamController:
             "count_seconds": [m.count_seconds for m in self.tracker.modules] if self.tracker else [],
             "streams_done": dict(self._streams_done),
             "decider": self.decider.state_dict(),
+            "downsampler": self.downsampler.state_dict(),
             "quality": self.quality.state_dict() if self.quality is not None else None,
             "tracker": self.tracker.state_dict() if self.tracker is not None else None,
             "server": self.server.state_dict() if self.server is not None else None,
@@ -424,6 +454,8 @@ class SlipstreamController:
         self.seconds.update(state["seconds"])
         self._streams_done.update(state["streams_done"])
         self.decider.load_state_dict(state["decider"])
+        if "downsampler" in state:  # older checkpoints have none: the stream restarts from its seed
+            self.downsampler.load_state_dict(state["downsampler"])
         if self.quality is not None:
             if state.get("quality") is None:
                 raise ValueError(
@@ -455,21 +487,29 @@ class SlipstreamController:
         on the non-clicks kept at rate q = 1 - random_skip_fraction, so the model's odds come out
         1/q too high; log(q) undoes exactly that (He et al., "Practical Lessons from Predicting
         Clicks on Ads at Facebook", 2014). A monotone shift of every logit leaves AUC unchanged.
-        ``negative_downsampling`` beside paper / paper_plus is the same uniform correction.
-        Every other case is 0: with p > 0 the 1/p weights already keep the loss unbiased, and a
-        skip that depends on the lookups shifts some inputs' odds and not others', which no
-        single offset corrects (the staleness policies with negatives_only are not calibrated).
-        With a ceiling (max_skip_fraction < 1) that binds, fewer non-clicks are skipped than q
-        assumes and the correction overshoots; conf/slipstream/random.yaml has no ceiling.
+        ``negative_downsampling`` beside any policy is the same uniform correction, at its
+        current rate. Every other case is 0: with p > 0 the 1/p weights already keep the loss
+        unbiased, and a skip that depends on the lookups shifts some inputs' odds and not
+        others', which no single offset corrects (the staleness policies with negatives_only are
+        not calibrated). With a ceiling (max_skip_fraction < 1) that binds, fewer non-clicks are
+        skipped than q assumes and the correction overshoots; conf/slipstream/random.yaml has no
+        ceiling.
         """
         c = self.cfg
+        offset = self.downsampler.logit_offset()
         if c.policy is Policy.random and c.negatives_only and c.keep_probability == 0:
-            return math.log(1.0 - c.random_skip_fraction)
-        # negative_downsampling beside a staleness policy: its uniform part is corrected exactly,
-        # the staleness part on top of it is not (as above).
-        return math.log(1.0 - c.negative_downsampling) if c.negative_downsampling > 0 else 0.0
+            offset += math.log(1.0 - c.random_skip_fraction)
+        return offset
 
     # ---- reporting --------------------------------------------------------------------------
+    def downsampling_summary(self) -> Dict[str, Any]:
+        """The downsampling's setting, rate and decisions, and the non-clicks it dropped summed
+        over ranks. Collective: all ranks enter (one SUM all-reduce)."""
+        out = self.downsampler.summary()
+        dropped = torch.tensor([self.downsampler.dropped], dtype=torch.int64)
+        out["negatives_dropped"] = int(all_reduce_(dropped).item())  # all ranks
+        return out
+
     def counters(self) -> Dict[str, int]:
         """This rank's stream counters over all epochs so far."""
         seen, skipped, dropped = (self._streams_done[k] for k in ("seen", "skipped", "dropped"))

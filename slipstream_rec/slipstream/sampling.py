@@ -75,7 +75,6 @@ class SkipDecider:
         enabled: bool = True,
         negatives_only: bool = False,
         random_fraction: float = 0.0,
-        negative_downsampling: float = 0.0,
         keep_windows: int = 64,
     ) -> None:
         # index: flat key space of all tables (maps KJT lookups to rows of row_state).
@@ -92,9 +91,6 @@ class SkipDecider:
         # negatives_only: only samples with label 0 are skippable.
         # random_fraction: > 0 = the control: a sample is skippable with this probability,
         #   whatever its lookups (no threshold, no staleness); 0 = classify by staleness.
-        # negative_downsampling: before anything else, each non-click is dropped with this
-        #   probability (uniform negative downsampling, weight 1, no ceiling, from the first
-        #   batch); the policy's decision applies to the rest. Its own random stream.
         # keep_windows: completed windows held for pop_completed_windows (the newest); older ones
         #   are dropped (counted in windows_dropped), so a run without a reader stays bounded.
         if row_state.num_rows != index.num_rows:
@@ -125,12 +121,7 @@ class SkipDecider:
         )
         # Skip budget per window; the epsilon keeps 0.3 * 10 at 3.
         self.window_budget = int(math.floor(self.max_skip_fraction * window_samples + 1e-9))
-        self.negative_downsampling = _check_fraction(
-            "negative_downsampling", negative_downsampling, "fraction of non-clicks dropped at random"
-        )
         self._gen = torch.Generator().manual_seed(seed)
-        self._neg_gen = torch.Generator().manual_seed(seed + 7_777_777)
-        self.negatives_downsampled = 0  # non-clicks dropped by negative_downsampling
         if isinstance(keep_windows, bool) or not isinstance(keep_windows, int) or keep_windows < 1:
             raise ValueError(f"SkipDecider: keep_windows must be an int >= 1, got {keep_windows!r}")
         self.current_window = WindowStats(index=0)
@@ -158,7 +149,9 @@ class SkipDecider:
             batch.sparse_features, self.index, self.row_state, t, self.alpha
         )
 
-    def __call__(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: Batch, dropped: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``dropped``: samples already taken out by negative downsampling (``downsampling.py``),
+        dropped with weight 1 and no ceiling; the policy decides over the samples that remain."""
         n = batch.batch_size
         if self.random_fraction > 0:
             # The control: skippability is its own draw (independent of the p-draw below).
@@ -167,11 +160,8 @@ class SkipDecider:
             sk = self.classify(batch)
         if self.active is not None and not self.active():
             sk = torch.zeros_like(sk)  # warm-up: the draws above still advance the stream
-        downsampled = None
-        if self.negative_downsampling > 0:
-            v = torch.rand(n, generator=self._neg_gen)
-            downsampled = (batch.labels.view(-1) == 0) & (v < self.negative_downsampling)
-            sk = sk & ~downsampled  # the policy decides over the samples that remain
+        if dropped is not None:
+            sk = sk & ~dropped  # the policy decides over the samples that remain
         u = torch.rand(n, generator=self._gen)  # drawn for every sample: a stable random stream
         if self.negatives_only:
             sk = sk & (batch.labels.view(-1) == 0)
@@ -201,9 +191,8 @@ class SkipDecider:
         weights = torch.ones(n, dtype=torch.float32)
         if p > 0:
             weights.masked_fill_(kept_sampled, 1.0 / p)
-        if downsampled is not None:
-            self.negatives_downsampled += int(downsampled.sum())
-            skip = skip | downsampled
+        if dropped is not None:
+            skip = skip | dropped
         return ~skip, weights
 
     def _count(self, win: torch.Tensor, n: int, *masks: torch.Tensor) -> None:
@@ -236,8 +225,6 @@ class SkipDecider:
         return {
             "seed": self.seed,  # whose stream this is: another rank's is not continued
             "generator": self._gen.get_state(),
-            "negative_generator": self._neg_gen.get_state(),
-            "negatives_downsampled": self.negatives_downsampled,
             "current_window": self.current_window.as_dict(),
             "totals": self.totals.as_dict(),
             "last_threshold": self.last_threshold,
@@ -251,15 +238,10 @@ class SkipDecider:
         own = state.get("seed", self.seed) == self.seed
         if own:
             self._gen.set_state(state["generator"])  # type: ignore[arg-type]
-            if "negative_generator" in state:
-                self._neg_gen.set_state(state["negative_generator"])  # type: ignore[arg-type]
         else:
             position = int(state["totals"]["samples"])  # type: ignore[index]
             fresh = (self.seed * 1_000_003 + position + 1) % (1 << 62)
             self._gen.manual_seed(fresh)
-            self._neg_gen.manual_seed(fresh + 7_777_777)
-        if "negatives_downsampled" in state:
-            self.negatives_downsampled = int(state["negatives_downsampled"])  # type: ignore[arg-type]
         self.current_window = WindowStats(**state["current_window"])  # type: ignore[arg-type]
         self.totals = WindowStats(**state["totals"])  # type: ignore[arg-type]
         self.last_threshold = state["last_threshold"]  # type: ignore[assignment]

@@ -25,6 +25,9 @@ class Precision(Enum):
     # in bf16 (weights, optimizer state and the embedding lookups stay fp32; the loss is fp32).
     # Evaluation and the quality check's scoring run in fp32.
     bf16 = "bf16"
+    # bf16 where the machine runs it natively (CUDA compute capability >= 8.0; a CPU with
+    # avx512_bf16 or AMX), fp32 elsewhere or with pipeline=base (training/precision.py).
+    auto = "auto"
 
 
 @dataclass
@@ -57,8 +60,9 @@ class TrainerConfig:
     tensorboard: bool = True
     # Show a tqdm progress bar (rank 0).
     progress_bar: bool = True
+    # auto (bf16 where the machine runs it natively, else fp32; the summary says which and why),
     # fp32, or bf16 (autocast of the training forward's dense arch; needs pipeline=sparse_dist).
-    precision: Precision = Precision.fp32
+    precision: Precision = Precision.auto
     # Batches between two agreements of the ranks that each still has a batch (Slipstream skips
     # different numbers of samples per rank, so they run out at different steps). 1: one small
     # all-reduce every step; k > 1: one every k steps, each rank building its next k batches
@@ -86,8 +90,8 @@ class TrainerConfig:
             ("lockstep_every_steps", self.lockstep_every_steps >= 1, "1 (every step) or more steps"),
             (
                 "precision",
-                self.precision is Precision.fp32 or self.pipeline is PipelineKind.sparse_dist,
-                "fp32 with trainer.pipeline=base (bf16 autocast is wired into the sparse_dist pipeline)",
+                self.precision is not Precision.bf16 or self.pipeline is PipelineKind.sparse_dist,
+                "fp32 or auto with trainer.pipeline=base (bf16 autocast is wired into the sparse_dist pipeline)",
             ),
             ("resume", bool(self.resume), "auto, never or a checkpoint path"),
         ]

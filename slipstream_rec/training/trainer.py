@@ -22,6 +22,7 @@ from slipstream_rec.slipstream.batch_ops import batch_from_state, batch_to_state
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.config import PipelineKind, Precision, TrainerConfig
+from slipstream_rec.training.precision import resolve_precision
 from slipstream_rec.training.embedding_cache import embedding_cache_summary
 from slipstream_rec.training.embedding_traffic import (
     embedding_traffic_summary,
@@ -206,7 +207,9 @@ class Trainer:
         self.slipstream = slipstream
         self.state = TrainState()
         self.checkpointer = checkpointer
-        self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device, cfg.precision)
+        # all ranks: one agreement on the precision (auto reads each rank's machine)
+        self.precision, self.precision_reason = resolve_precision(cfg.precision, env.device, cfg.pipeline)
+        self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device, self.precision)
         self._epoch_start: Optional[float] = None  # perf_counter at the start of the running epoch
         self._paused_before = 0.0  # eval + checkpoint seconds at that moment
         self._in_flight: Optional[InFlight] = None  # the running epoch's iterator
@@ -329,7 +332,7 @@ class Trainer:
             window_start, window_step = self._epoch_start, st.step
             while True:
                 try:
-                    loss, _logits, _labels, _weights = self.pipeline.progress(batches)
+                    loss, logits, labels, _weights = self.pipeline.progress(batches)
                 except StopIteration:
                     break
                 batches.trained_one()
@@ -337,9 +340,13 @@ class Trainer:
                 st.step += 1
                 st.samples_trained += global_batch
                 self.log.advance()
+                self.slipstream.observe(logits, labels)  # held out: scored before their update
                 record = self.slipstream.after_step(st.step)  # all ranks: may run collectives
                 if record is not None:
                     self.log.log("slipstream", st.step, record)
+                guard = self.slipstream.downsampling_check(st.step)  # all ranks, the same steps
+                if guard is not None:
+                    self.log.log("downsampling", st.step, guard)
                 if st.step % self.cfg.log_every_steps == 0:
                     now = time.perf_counter()
                     rate = (st.step - window_step) * global_batch / max(now - window_start, 1e-9)
@@ -510,6 +517,8 @@ class Trainer:
             "val_logloss": val["logloss"],
             "test_auc": test["auc"] if test else None,
             "test_logloss": test["logloss"] if test else None,
+            "test_ctr": test["ctr"] if test else None,
+            "test_predicted_ctr": test["predicted_ctr"] if test else None,
             "samples_skipped": counters["samples_skipped"],
             "first_skip_step": counters["first_skip_step"],
             "target_skip_fraction": self.slipstream.target_skip_fraction(),
@@ -521,6 +530,8 @@ class Trainer:
             "stale_rows": slip["stale_rows"],
             "threshold": slip["threshold"],
             "eval_logit_offset": self.slipstream.eval_logit_offset(),
+            "precision": {"requested": self.cfg.precision.value, "chosen": self.precision.value, "reason": self.precision_reason},
+            "negative_downsampling": self.slipstream.downsampling_summary(),  # all ranks
             "slipstream_overhead_seconds": round(float(overhead.item()), 3),
             "slipstream_state_bytes": int(state_bytes.item()),
             "embedding_cache": cache,

@@ -1,0 +1,162 @@
+"""The headline: the main job's defaults against TorchRec's golden loop and ``off``, side by side.
+
+Per dataset (``--datasets``, each a ``conf/data`` option) and seed r, three runs of one epoch on
+the same npy files, 2 ranks, 2048 samples per rank per step, in alternating order so that machine
+noise hits all alike:
+
+* ``golden``: TorchRec's golden training loop (benchmarks/torchrec_golden_loop.py: fp32, no
+  skipping, TorchRec's planner and default sharders, its own Criteo reader), ``--seed r``;
+* ``off``: this trainer with ``slipstream=off trainer.precision=fp32``: stock TorchRec training
+  through our loop, the quality baseline;
+* ``defaults``: the main job as a user gets it (no override but the data and the seed):
+  ``slipstream=serve``, ``trainer.precision=auto``, ``negative_downsampling=auto``.
+
+Printed and written to ``benchmarks/results/headline.json``: per run train seconds (evaluations
+excluded, timed the same way in both loops), samples trained per second, test AUC and log loss,
+and calibration (mean predicted against observed click rate on test); per dataset and arm the
+means, the speedup over ``golden`` (its train seconds over the arm's, per seed) and the paired
+test AUC against ``off`` and ``golden``; and the issue's targets, met or not.
+
+    .venv/bin/python benchmarks/headline.py --seeds 3                      # clicklog_raw and clicklog
+    .venv/bin/python benchmarks/headline.py --seeds 1 --datasets synthetic --arms off,defaults
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.slipstream_policies import BIN, run_policy  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = {"golden": None, "off": ["slipstream=off", "trainer.precision=fp32"], "defaults": []}
+EXTRA = ["samples_per_second", "test_ctr", "test_predicted_ctr", "precision", "negative_downsampling", "served_fraction", "dataset"]
+# The issue's targets: speedup over golden (train seconds) per dataset, and the quality bounds.
+SPEEDUP_TARGET = {"clicklog_raw": 3.0, "clicklog": 1.3}
+MIN_PAIRED_AUC, MIN_SEED_AUC, CALIBRATION = -0.001, -0.002, 0.05
+
+
+def dataset_path(dataset: str, overrides: List[str]) -> Path:
+    """The npy directory of a ``conf/data`` option, generated if needed (what a training run would use)."""
+    from slipstream_rec.config import load_config
+    from slipstream_rec.data.synthetic import ensure_dataset
+
+    return Path(ensure_dataset(load_config([f"data={dataset}", *overrides]).data))
+
+
+def run_golden(data: Path, seed: int, nproc: int, batch: int) -> Dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc),
+           str(ROOT / "benchmarks" / "torchrec_golden_loop.py"), "--data", str(data), "--steps", "0",
+           "--batch-size", str(batch), "--sharding", "auto", "--seed", str(seed), "--test"]  # fmt: skip
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
+    line = [x for x in out.stdout.splitlines() if x.startswith("{")][-1]
+    res = json.loads(line)
+    res["samples_trained"] = res.pop("samples")
+    return res
+
+
+def run_ours(choice: List[str], dataset: str, seed: int, nproc: int, run_dir: Path, extra: List[str]) -> Dict:
+    overrides = [f"data={dataset}", *extra, f"trainer.seed={seed}", "trainer.checkpoint.enabled=false"]
+    res = run_policy(choice, nproc, overrides, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    res.update({k: summary.get(k) for k in EXTRA})
+    return res
+
+
+def summarize(runs: Dict[str, List[Dict]], dataset: str) -> Dict[str, Dict]:
+    """Means per arm, speedup over golden and paired test AUC against off and golden, per seed."""
+    table = {}
+    for arm, mine in runs.items():
+        row: Dict = {
+            "train_seconds": statistics.mean(x["train_seconds"] for x in mine),
+            "samples_per_second": statistics.mean(x["samples_per_second"] for x in mine),
+            "test_auc": statistics.mean(x["test_auc"] for x in mine),
+            "test_logloss": statistics.mean(x["test_logloss"] for x in mine),
+            "calibration_per_seed": [x["test_predicted_ctr"] / x["test_ctr"] for x in mine],
+        }
+        for base in ("golden", "off"):
+            if base in runs and base != arm:
+                row[f"paired_test_auc_vs_{base}_per_seed"] = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, runs[base])]
+                row[f"paired_test_auc_vs_{base}"] = statistics.mean(row[f"paired_test_auc_vs_{base}_per_seed"])
+        if "golden" in runs and arm != "golden":
+            row["speedup_vs_golden_per_seed"] = [b["train_seconds"] / a["train_seconds"] for a, b in zip(mine, runs["golden"])]
+            row["speedup_vs_golden"] = statistics.mean(row["speedup_vs_golden_per_seed"])
+        table[arm] = row
+    d = table.get("defaults")
+    if d is not None and "paired_test_auc_vs_off" in d:
+        target = SPEEDUP_TARGET.get(dataset)
+        per_seed = d["paired_test_auc_vs_off_per_seed"]
+        d["targets"] = {
+            "speedup_vs_golden": None if target is None or "speedup_vs_golden" not in d
+            else {"target": target, "met": d["speedup_vs_golden"] >= target},
+            "paired_test_auc_vs_off": {"target": MIN_PAIRED_AUC, "met": d["paired_test_auc_vs_off"] >= MIN_PAIRED_AUC},
+            "no_seed_below": {"target": MIN_SEED_AUC, "met": min(per_seed) >= MIN_SEED_AUC},
+            "calibration_within": {"target": CALIBRATION, "met": all(abs(c - 1) <= CALIBRATION for c in d["calibration_per_seed"])},
+        }  # fmt: skip
+    return table
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", default="clicklog_raw,clicklog", help="conf/data options, comma-separated")
+    p.add_argument("--arms", default="golden,off,defaults", help=f"a subset of {','.join(ARMS)}")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--name", default="headline", help="results file benchmarks/results/<name>.json")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of the data for every run (ours and the golden loop's files)")
+    args = p.parse_args()
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        raise SystemExit(f"--arms {args.arms}: unknown {unknown}; use a subset of {','.join(ARMS)}")
+    results: Dict[str, Dict] = {}
+    for dataset in [d for d in args.datasets.split(",") if d]:
+        data = dataset_path(dataset, args.overrides)
+        runs_root = ROOT / "benchmarks" / "results" / "runs" / f"{args.name}_{dataset}"
+        if runs_root.exists():  # an earlier invocation's runs: a run directory is never trained twice
+            shutil.rmtree(runs_root)
+        runs: Dict[str, List[Dict]] = {arm: [] for arm in arms}
+        for r in range(args.seeds):
+            for arm in arms if r % 2 == 0 else list(reversed(arms)):
+                if arm == "golden":
+                    res = run_golden(data, r, args.nproc, 2048)
+                else:
+                    res = run_ours(ARMS[arm], dataset, r, args.nproc, runs_root / f"{arm}-s{r}", args.overrides)
+                runs[arm].append(res)
+                print(f"{dataset} seed {r} {arm:>8}: train {res['train_seconds']:.1f} s, "
+                      f"{res['samples_per_second']:.0f} samples/s, test AUC {res['test_auc']:.4f}, "
+                      f"predicted/observed CTR {res['test_predicted_ctr'] / res['test_ctr']:.3f}", flush=True)
+        results[dataset] = {"data": str(data), "table": summarize(runs, dataset), "runs": runs}
+    print(f"\n{args.seeds} seeds, {args.nproc} ranks")
+    print("dataset | arm | train s | samples/s | speedup vs golden (per seed) | test AUC | paired vs off (per seed) | predicted/observed CTR")
+    for dataset, res in results.items():
+        for arm, row in res["table"].items():
+            speed = row.get("speedup_vs_golden")
+            pair = row.get("paired_test_auc_vs_off")
+            print(f"{dataset} | {arm} | {row['train_seconds']:.1f} | {row['samples_per_second']:.0f} | "
+                  + (f"{speed:.2f}x ({', '.join(f'{s:.2f}' for s in row['speedup_vs_golden_per_seed'])})" if speed else "-")
+                  + f" | {row['test_auc']:.4f} | "
+                  + (f"{pair:+.4f} ({', '.join(f'{d:+.4f}' for d in row['paired_test_auc_vs_off_per_seed'])})" if pair is not None else "-")
+                  + f" | {', '.join(f'{c:.3f}' for c in row['calibration_per_seed'])}")
+            if "targets" in row:
+                print(f"  targets: {json.dumps({k: v for k, v in row['targets'].items() if v})}")
+    out = ROOT / "benchmarks" / "results" / f"{args.name}.json"
+    command = " ".join(["benchmarks/headline.py", *sys.argv[1:]])
+    out.write_text(json.dumps({"command": command, "seeds": args.seeds, "arms": arms, "overrides": args.overrides,
+                               "results": results}, indent=2) + "\n")
+    print(f"raw: {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
