@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torchrec import EmbeddingBagCollection
-from torchrec.datasets.criteo import InMemoryBinaryCriteoIterDataPipe
+from torchrec.datasets.criteo import DEFAULT_CAT_NAMES, InMemoryBinaryCriteoIterDataPipe
 from torchrec.distributed import TrainPipelineSparseDist
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
@@ -59,9 +59,11 @@ def main() -> None:
     names, rows = meta["sparse_feature_names"], meta["num_embeddings_per_feature"]
 
     torch.manual_seed(args.seed * 1000 + rank)
+    # TorchRec's reader names the 26 sparse columns cat_0..cat_25 (DEFAULT_CAT_NAMES) whatever
+    # the dataset calls them: column i feeds table i.
     tables = [
-        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=16, num_embeddings=n, feature_names=[f])
-        for f, n in zip(names, rows)
+        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=16, num_embeddings=n, feature_names=[DEFAULT_CAT_NAMES[i]])
+        for i, (f, n) in enumerate(zip(names, rows))
     ]
     model = DLRMTrain(
         DLRM(

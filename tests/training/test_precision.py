@@ -51,3 +51,62 @@ def test_the_training_forward_runs_under_the_configured_precision(precision, exp
 def test_bf16_needs_the_sparse_dist_pipeline():
     with pytest.raises(ValueError, match="trainer.precision"):
         TrainerConfig(precision=Precision.bf16, pipeline=PipelineKind.base).validate()
+
+
+# ---- trainer.precision=auto: read from the machine -------------------------------------------
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+flags\t\t: fpu vme sse sse2 avx avx2 avx512f {extra}
+bogomips\t: 4000
+
+processor\t: 1
+flags\t\t: fpu vme sse sse2 avx avx2 avx512f {extra}
+"""
+
+
+def _cpuinfo(tmp_path, extra: str):
+    path = tmp_path / "cpuinfo"
+    path.write_text(CPUINFO.format(extra=extra))
+    return path
+
+
+@pytest.mark.parametrize("extra, chosen", [("avx512_bf16", Precision.bf16), ("amx_bf16 amx_tile", Precision.bf16),
+                                           ("avx512_vnni", Precision.fp32), ("", Precision.fp32)])
+def test_auto_reads_the_cpu_flags(tmp_path, extra, chosen):
+    from slipstream_rec.training.precision import resolve_precision
+
+    got, why = resolve_precision(Precision.auto, torch.device("cpu"), PipelineKind.sparse_dist, _cpuinfo(tmp_path, extra))
+    assert got is chosen
+    assert why.startswith(f"auto: {chosen.value}") and str(tmp_path) in why
+
+
+def test_auto_keeps_fp32_where_the_flags_or_the_pipeline_do_not_allow_bf16(tmp_path):
+    from slipstream_rec.training.precision import resolve_precision
+
+    got, why = resolve_precision(Precision.auto, torch.device("cpu"), PipelineKind.sparse_dist, tmp_path / "absent")
+    assert got is Precision.fp32 and "unknown" in why
+    fast = _cpuinfo(tmp_path, "avx512_bf16")
+    got, why = resolve_precision(Precision.auto, torch.device("cpu"), PipelineKind.base, fast)
+    assert got is Precision.fp32 and "trainer.pipeline=base" in why
+    TrainerConfig(precision=Precision.auto, pipeline=PipelineKind.base).validate()  # auto is allowed there
+    # an explicit choice is kept whatever the machine
+    assert resolve_precision(Precision.fp32, torch.device("cpu"), PipelineKind.sparse_dist, fast)[0] is Precision.fp32
+    slow = _cpuinfo(tmp_path, "")
+    assert resolve_precision(Precision.bf16, torch.device("cpu"), PipelineKind.sparse_dist, slow)[0] is Precision.bf16
+
+
+def _ranks_disagree(env, paths):
+    from slipstream_rec.training.precision import resolve_precision
+
+    return resolve_precision(Precision.auto, torch.device("cpu"), PipelineKind.sparse_dist, paths[env.rank])
+
+
+def test_ranks_on_different_machines_agree_on_the_lowest(tmp_path):
+    from tests.dist_harness import run_workers
+
+    fast, slow = tmp_path / "fast", tmp_path / "slow"
+    fast.mkdir(), slow.mkdir()
+    paths = [_cpuinfo(fast, "avx512_bf16"), _cpuinfo(slow, "")]
+    (p0, why0), (p1, why1) = run_workers(_ranks_disagree, 2, paths=paths)
+    assert p0 is p1 is Precision.fp32
+    assert "another rank" in why0 and "neither" in why1
