@@ -65,6 +65,11 @@ def fmt(value: Any, spec: str = "") -> str:
     return format(value, spec) if spec else str(value)
 
 
+def _text(value: Any) -> str:
+    """A text cell, ``n/a`` where it is missing."""
+    return "n/a" if value is None else _e(str(value))
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1,
            row_classes: Optional[Sequence[str]] = None, table_id: str = "") -> str:
     """``rows`` hold already-escaped HTML; the first ``left`` columns are left-aligned."""
@@ -182,14 +187,14 @@ def build(runs: List[Run]) -> Dict[str, Any]:
     if rows_d:
         spec = ["", "", "", "", ".2f", "int", ".4f", ".4f", ".3f"]
         body = _table(downsampling.RUN_HEADER,
-                      [[_e(r[0])] + [_e(str(v)) if f == "" else fmt(v, f) for v, f in zip(r[1:], spec[1:])] for r in rows_d],
+                      [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], spec[1:])] for r in rows_d],
                       left=4, table_id="levers-table")
         guard = downsampling.guard_rows(runs)
         if guard:
             gspec = ["", "int", "", ".2f", ".2f", ".4f", ".4f", ".4f", ".4f", ".4f", ""]
             body += "<p>Every decision of the rule and every check of the guard:</p>" + _table(
                 downsampling.GUARD_HEADER,
-                [[_e(r[0])] + [_e(str(v)) if f == "" else fmt(v, f) for v, f in zip(r[1:], gspec[1:])] for r in guard],
+                [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], gspec[1:])] for r in guard],
                 left=3, table_id="guard-table")
         sections.append(_section(
             "levers", "Precision, negative downsampling and calibration",
@@ -286,6 +291,7 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         '<a href="#accuracy">accuracy</a> · <a href="#skipping">skipping</a> · '
         '<a href="#rows-per-table">rows per table</a> · <a href="#change-distribution">change distribution</a> · '
         '<a href="#time-breakdown">time breakdown</a>' + (' · <a href="#traffic">traffic</a>' if rows_t else "")
+        + (' · <a href="#levers">precision and downsampling</a>' if rows_d else "")
         + '</nav>',
         *sections,
         f'<script type="application/json" id="report-data">{payload}</script>',
