@@ -1,6 +1,6 @@
 """Criteo conversion throughput and peak memory: is memory bounded by the chunk, not the file?
 
-Writes Criteo-format files of growing size (``python -m slipstream_rec.data.criteo_text``, rows
+Writes Criteo-format files of growing size (``python -m slipstream_rec.data.generated.criteo_text``, rows
 drawn from the synthetic teacher: Criteo Kaggle's 26 cardinalities x 0.01, at most 100k values a
 feature, ~254 bytes a row like the real files), converts each with ``slipstream-data criteo``
 in its own process (default encoding: vocab, every training value kept) and measures wall time
@@ -52,7 +52,7 @@ def main() -> None:
         raw = args.work / f"criteo_{size:g}gb.tsv"
         if not raw.is_file():
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "slipstream_rec.data.criteo_text", "--out", str(raw),
+            subprocess.run([sys.executable, "-m", "slipstream_rec.data.generated.criteo_text", "--out", str(raw),
                             "--size-gb", str(size)], cwd=ROOT, env=env, check=True)
             print(f"generated {raw} in {time.perf_counter() - t0:.0f}s", flush=True)
         out_dir = args.work / f"out_{size:g}gb"

@@ -259,7 +259,7 @@ def test_documented_command_composes(cmd: Command, tmp_path, monkeypatch):
         load_config(args.overrides)
     else:
         from slipstream_rec.data.cli import build_config, parse_args
-        from slipstream_rec.data.synthetic import normalize_data_config
+        from slipstream_rec.data.datasets import normalize_data_config
 
         normalize_data_config(build_config(parse_args(cmd.argv)))
 
@@ -341,7 +341,7 @@ def test_readme_three_commands_take_a_csv_to_a_report(tmp_path):
     summary = json.loads(summaries[0].read_text())
     # the run trained on the converted file: the schema's time split of its 6000 rows, in full
     # batches (the loader drops an epoch's partial last one); the report shows the run's test AUC
-    from slipstream_rec.data.loader import load_meta
+    from slipstream_rec.data.meta import load_meta
 
     meta = load_meta(tmp_path / "data" / "clicks")
     assert meta.rows == {"train": 5400, "val": 300, "test": 300}

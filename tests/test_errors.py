@@ -142,7 +142,7 @@ def _convert_small_csv(workdir: Path, capsys, rows: int = 200) -> tuple[Path, st
 
 
 def test_batch_larger_than_a_small_dataset_names_the_largest_that_works(workdir, capsys, monkeypatch):
-    from slipstream_rec.data.loader import load_meta
+    from slipstream_rec.data.meta import load_meta
 
     path, out = _convert_small_csv(workdir, capsys)
     train_rows = load_meta(path).rows["train"]
@@ -353,7 +353,7 @@ def test_the_fixed_schema_then_converts_and_leaves_no_lock_or_partial(workdir, c
     (workdir / "clicks.yaml").write_text(YES_NO_SCHEMA + 'label_rule: positive_values\nlabel_positive_values: ["yes"]\n')
     assert data_cli.main(argv) == 0
     assert sorted(p.name for p in (workdir / "data").iterdir()) == ["clicks"]
-    from slipstream_rec.data.loader import load_meta
+    from slipstream_rec.data.meta import load_meta
 
     meta = load_meta(workdir / "data" / "clicks")
     clicks = sum(c == "1" for c in make_clicks(3000, seed=5)["click"])

@@ -189,7 +189,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger("slipstream_rec").setLevel(logging.INFO)
     from slipstream_rec.cli_errors import run_cli
 
-    from slipstream_rec.data.movielens import DownloadError
+    from slipstream_rec.data.formats.movielens import DownloadError
 
     return run_cli(f"slipstream-data {args.command}", lambda: _convert(args), args.debug, also=(DownloadError,))
 
@@ -197,9 +197,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
-    from slipstream_rec.data.loader import load_meta
-    from slipstream_rec.data.sources import ensure_converted
-    from slipstream_rec.data.synthetic import normalize_data_config
+    from slipstream_rec.data.datasets import ensure_converted, normalize_data_config
+    from slipstream_rec.data.meta import load_meta
 
     data = normalize_data_config(build_config(args))
     if args.cfg:

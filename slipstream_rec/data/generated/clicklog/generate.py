@@ -2,9 +2,9 @@
 
 Rows are impressions (user, ad, site, context) in time order: day 0..D-1, hour by hour within a
 day (the hour's share of the day follows a diurnal cycle). The 26 categorical features are the
-entities' attributes (slipstream_rec/data/clicklog_world.py), the labels are clicks drawn from a
-hidden teacher (clicklog_teacher.py), and the 13 dense features are what a logging pipeline
-would know about the entities from the hours before the row's hour:
+entities' attributes (world.py), the labels are clicks drawn from a hidden teacher (teacher.py),
+and the 13 dense features (counters.py) are what a logging pipeline would know about the
+entities from the hours before the row's hour:
 
     user_impressions, user_clicks        decayed counts (half-life counter_half_life_hours)
     user_impressions_today               since midnight
@@ -22,13 +22,12 @@ log(max(x, 0) + 1) float32. The counters start from one simulated day before day
 process, not written), scaled to their steady level, so day 0 is not a cold start.
 
 Splits like Criteo Kaggle: days 0..D-2 are train (in time order), the last day's first half is
-val and its second half test. Written in TorchRec's npy layout + meta.json (format_version 1),
-cached under ``{root}/{name}-{config hash}`` by ``synthetic.ensure_dataset``.
+val and its second half test. Written in TorchRec's npy layout + meta.json (format_version 1) by
+writer.py, cached under ``{root}/{name}-{config hash}`` by ``datasets.ensure_dataset``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -36,18 +35,19 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Tuple, Union
 
 import numpy as np
 import torch
 
-from slipstream_rec.data.clicklog_teacher import ClicklogTeacher
-from slipstream_rec.data.clicklog_world import COL, FEATURES, World, hour_rows
+from slipstream_rec.data.generated.clicklog.counters import DENSE_FEATURE_NAMES, ActivityCounters
+from slipstream_rec.data.generated.clicklog.teacher import ClicklogTeacher
+from slipstream_rec.data.generated.clicklog.world import COL, FEATURES, World, hour_rows
+from slipstream_rec.data.generated.clicklog.writer import SplitWriter, top_rows_lookup_share
+from slipstream_rec.data.coerce import checked_number, coerce_dataclass
 from slipstream_rec.data.config import ClicklogConfig
-from slipstream_rec.data.loader import FORMAT_VERSION, META_FILE, SPLITS, split_file
-from slipstream_rec.data.npy_writer import NpyAppender
-from slipstream_rec.data.synthetic import _coerce, _num
-from slipstream_rec.training.metrics import auc
+from slipstream_rec.data.meta import FORMAT_VERSION, META_FILE, SPLITS
+from slipstream_rec.metrics import auc
 
 logger = logging.getLogger("slipstream_rec.data")
 
@@ -56,18 +56,8 @@ GENERATOR_VERSION = 1
 # At most this many rows are drawn at once (an hour is split into chunks above it): bounds memory.
 # Each chunk has its own random stream, so changing this changes the data (bump the version).
 CHUNK_ROWS = 131_072
-# teacher_auc is measured on at most this many validation rows (bounded memory).
-MAX_AUC_ROWS = 4_000_000
-DENSE_FEATURE_NAMES: List[str] = [
-    "user_impressions", "user_clicks", "user_impressions_today", "hours_since_user_impression",
-    "ad_impressions", "ad_clicks", "ad_age_days", "campaign_impressions", "site_impressions",
-    "site_clicks", "slot_position", "ad_bid_cents", "user_tenure_days",
-]  # fmt: skip
-# The dense features that are counts, observed with measurement noise.
-NOISY_DENSE = np.array([0, 1, 2, 4, 5, 7, 8, 9])
 # Hours of the simulated warm-up before day 0.
 WARMUP_HOURS = 24
-NEVER = np.iinfo(np.int64).min // 2  # "hour of the user's last impression" before any
 STREAM_ROWS, STREAM_WARMUP, STREAM_DENSE = 31, 32, 33
 
 
@@ -79,7 +69,7 @@ def normalize_clicklog_config(cfg: Any, key: str = "data.clicklog") -> ClicklogC
 
     Raises ValueError naming the offending key (``data.clicklog.<field>``) and the fix.
     """
-    c = _coerce(cfg, ClicklogConfig, key)
+    c = coerce_dataclass(cfg, ClicklogConfig, key)
     k = lambda name: f"{key}.{name}"  # noqa: E731
     ints = {  # field -> (lower bound, fix)
         "num_days": (2, "Fix: at least 2 days (train days, then the last day for val / test)."),
@@ -115,11 +105,11 @@ def normalize_clicklog_config(cfg: Any, key: str = "data.clicklog") -> ClicklogC
     }  # fmt: skip
     values: Dict[str, Any] = {}
     for name, (lo, fix) in ints.items():
-        values[name] = _num(getattr(c, name), k(name), int, lo=lo, fix=fix)
+        values[name] = checked_number(getattr(c, name), k(name), int, lo=lo, fix=fix)
     for name, (lo, lo_open, hi, fix) in floats.items():
-        values[name] = _num(getattr(c, name), k(name), float, lo=lo, lo_open=lo_open, hi=hi, fix=fix)
-    values["base_ctr"] = _num(c.base_ctr, k("base_ctr"), float, lo=0, lo_open=True, hi=1, hi_open=True,
-                              fix="Fix: a click-through rate strictly between 0 and 1, e.g. 0.25.")
+        values[name] = checked_number(getattr(c, name), k(name), float, lo=lo, lo_open=lo_open, hi=hi, fix=fix)
+    values["base_ctr"] = checked_number(c.base_ctr, k("base_ctr"), float, lo=0, lo_open=True, hi=1,
+                                        hi_open=True, fix="Fix: a click-through rate strictly between 0 and 1, e.g. 0.25.")
     if not isinstance(c.permute_ids, bool):
         raise ValueError(f"{k('permute_ids')} must be true or false, got {c.permute_ids!r}")
     values["permute_ids"] = c.permute_ids
@@ -159,157 +149,13 @@ def split_rows(cfg: ClicklogConfig) -> Dict[str, int]:
     return {"train": cfg.rows_per_day * (cfg.num_days - 1), "val": last // 2, "test": last - last // 2}
 
 
-# -- the dense features -------------------------------------------------------------------------
-
-
-class ActivityCounters:
-    """Decayed impression / click counts per entity as of the end of the previous hour."""
-
-    def __init__(self, world: World) -> None:
-        c = world.cfg
-        self.world = world
-        self.decay = 0.5 ** (1.0 / c.counter_half_life_hours)
-        sizes = {"user": c.num_users, "ad": world.num_ads, "campaign": c.num_campaigns, "site": c.num_sites}
-        self.column = {"user": COL["user_id"], "ad": COL["ad_id"], "campaign": COL["campaign"],
-                       "site": COL["site_id"]}  # fmt: skip
-        self.imps = {e: np.zeros(n) for e, n in sizes.items()}
-        self.clicks = {e: np.zeros(sizes[e]) for e in ("user", "ad", "site")}
-        self._new_imps = {e: np.zeros(n) for e, n in sizes.items()}
-        self._new_clicks = {e: np.zeros(sizes[e]) for e in self.clicks}
-        self.user_today = np.zeros(c.num_users)
-        self.user_last_hour = np.full(c.num_users, NEVER, dtype=np.int64)
-
-    def observe(self, idx: np.ndarray, labels: np.ndarray) -> None:
-        """Count a chunk of the current hour (visible from the next hour on)."""
-        weights = labels.astype(np.float64)
-        for e, arr in self._new_imps.items():
-            arr += np.bincount(idx[:, self.column[e]], minlength=len(arr))
-        for e, arr in self._new_clicks.items():
-            arr += np.bincount(idx[:, self.column[e]], weights=weights, minlength=len(arr))
-
-    def end_hour(self, hour_index: int, *, decay: bool = True) -> None:
-        seen = self._new_imps["user"] > 0
-        self.user_last_hour[seen] = hour_index
-        self.user_today += self._new_imps["user"]
-        for total, new in ((self.imps, self._new_imps), (self.clicks, self._new_clicks)):
-            for e in total:
-                if decay:
-                    total[e] *= self.decay
-                total[e] += new[e]
-                new[e][:] = 0.0
-
-    def finish_warmup(self, hours: int) -> None:
-        """Undecayed counts of ``hours`` warm-up hours -> the steady level rate / (1 - decay)."""
-        factor = 1.0 / (hours * (1.0 - self.decay))
-        for total in (self.imps, self.clicks):
-            for arr in total.values():
-                arr *= factor
-        self.start_day()
-
-    def start_day(self) -> None:
-        self.user_today[:] = 0.0
-
-    def dense(self, idx: np.ndarray, ad_age: np.ndarray, day: int, hour_index: int,
-              rng: np.random.Generator) -> np.ndarray:
-        """(n, 13) float32 log(max(x, 0) + 1) of DENSE_FEATURE_NAMES."""
-        w = self.world
-        user, ad = idx[:, COL["user_id"]], idx[:, COL["ad_id"]]
-        site, campaign = idx[:, COL["site_id"]], idx[:, COL["campaign"]]
-        x = np.empty((len(idx), len(DENSE_FEATURE_NAMES)))
-        x[:, 0] = self.imps["user"][user]
-        x[:, 1] = self.clicks["user"][user]
-        x[:, 2] = self.user_today[user]
-        last = self.user_last_hour[user]
-        x[:, 3] = np.where(last == NEVER, 0, hour_index - last)
-        x[:, 4] = self.imps["ad"][ad]
-        x[:, 5] = self.clicks["ad"][ad]
-        x[:, 6] = ad_age
-        x[:, 7] = self.imps["campaign"][campaign]
-        x[:, 8] = self.imps["site"][site]
-        x[:, 9] = self.clicks["site"][site]
-        x[:, 10] = idx[:, COL["slot_position"]]
-        x[:, 11] = w.ad_bid[ad]
-        tenure = w.user_tenure[user]
-        x[:, 12] = np.where(tenure > 0, tenure + day, 0.0)
-        noise = w.cfg.dense_noise
-        if noise > 0:
-            x[:, NOISY_DENSE] *= np.exp(noise * rng.standard_normal((len(idx), len(NOISY_DENSE))))
-        np.maximum(x, 0.0, out=x)
-        return np.log1p(x).astype(np.float32)
-
-
-# -- writing ------------------------------------------------------------------------------------
-
-
-class _SplitWriter:
-    """Appends rows in global (time) order to the splits' .npy files; keeps the statistics."""
-
-    KINDS = (("dense", np.float32, (len(DENSE_FEATURE_NAMES),)), ("sparse", np.int32, (len(FEATURES),)),
-             ("labels", np.int32, (1,)))
-
-    def __init__(self, out_dir: Path, rows: Dict[str, int], cardinalities: List[int]) -> None:
-        self.out_dir = out_dir
-        self.bounds = []
-        start = 0
-        for split in SPLITS:
-            self.bounds.append((split, start, start + rows[split]))
-            start += rows[split]
-        self.files = {
-            split: {kind: NpyAppender(out_dir / f".{split}_{kind}.npy.part", dtype, shape)
-                    for kind, dtype, shape in self.KINDS}
-            for split in SPLITS
-        }
-        self.positives = {split: 0 for split in SPLITS}
-        # Train lookups per row of all tables, the tables' rows back to back.
-        self.table_offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
-        self.train_lookups = np.zeros(int(sum(cardinalities)), dtype=np.int64)
-        self.val_p: List[np.ndarray] = []
-        self.val_y: List[np.ndarray] = []
-        self.val_kept = 0
-
-    def write(self, first_row: int, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray,
-              p: np.ndarray) -> None:
-        end = first_row + len(labels)
-        for split, s0, s1 in self.bounds:
-            a, b = max(first_row, s0), min(end, s1)
-            if a >= b:
-                continue
-            src = slice(a - first_row, b - first_row)
-            files = self.files[split]
-            files["dense"].append(dense[src])
-            files["sparse"].append(sparse[src])
-            files["labels"].append(labels[src, None])
-            self.positives[split] += int(labels[src].sum())
-            if split == "train":
-                self.train_lookups += np.bincount((sparse[src] + self.table_offsets).ravel(),
-                                                  minlength=len(self.train_lookups))
-            elif split == "val" and self.val_kept < MAX_AUC_ROWS:
-                take = min(b - a, MAX_AUC_ROWS - self.val_kept)
-                self.val_p.append(p[src][:take])
-                self.val_y.append(labels[src][:take])
-                self.val_kept += take
-
-    def finish(self) -> None:
-        for split, kinds in self.files.items():
-            for kind, appender in kinds.items():
-                appender.finish(split_file(self.out_dir, split, kind))
-
-
-def top_rows_lookup_share(lookups: np.ndarray, fraction: float = 0.01) -> float:
-    """Share of all lookups that go to the most looked-up ``fraction`` of the rows counted."""
-    counts = np.sort(lookups)[::-1]
-    top = max(1, int(math.ceil(fraction * len(counts))))
-    total = counts.sum()
-    return float(counts[:top].sum() / total) if total else 0.0
-
-
 # -- generation ---------------------------------------------------------------------------------
 
 
 def generate_dataset(cfg: Any, out_dir: Union[str, Path]) -> Dict[str, Any]:
     """Simulate the log of ``cfg`` into ``out_dir`` (must exist) and write meta.json last.
 
-    Returns the meta dict. Not atomic by itself: ``synthetic.ensure_dataset`` (data.source=
+    Returns the meta dict. Not atomic by itself: ``datasets.ensure_dataset`` (data.source=
     clicklog) caches it atomically.
     """
     cfg = normalize_clicklog_config(cfg)
@@ -322,7 +168,7 @@ def generate_dataset(cfg: Any, out_dir: Union[str, Path]) -> Dict[str, Any]:
                 time.perf_counter() - t0, dict(zip(FEATURES, world.cardinalities)), teacher.describe())
     per_hour = hour_rows(cfg.rows_per_day)
     rows = split_rows(cfg)
-    writer = _SplitWriter(out_dir, rows, world.cardinalities)
+    writer = SplitWriter(out_dir, rows, world.cardinalities)
 
     def hour_chunks(hour: int) -> Iterator[Tuple[int, int]]:
         """(chunk number, rows) of an hour: bounded chunks, the same split every day."""
@@ -396,40 +242,3 @@ def generate_dataset(cfg: Any, out_dir: Union[str, Path]) -> Dict[str, Any]:
         row, seconds, row / seconds, out_dir, {k: round(v, 4) for k, v in ctr.items()}, teacher_auc,
     )
     return meta
-
-
-def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m slipstream_rec.data.clicklog [--out DIR] [OVERRIDES]``: simulate a click log.
-
-    Without --out: the cached ``data=clicklog`` dataset (with ``data.clicklog.*`` overrides);
-    with --out: a fresh directory. Prints the path, rows, generation rows/s and the statistics.
-    """
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--out", help="generate into this new directory instead of the cache")
-    parser.add_argument("overrides", nargs="*", help="e.g. data.clicklog.rows_per_day=100000")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", force=True)
-    from slipstream_rec.config import load_config
-    from slipstream_rec.data.synthetic import ensure_dataset
-
-    data = load_config(["data=clicklog", *args.overrides]).data
-    wall, cpu = time.perf_counter(), time.process_time()
-    if args.out:
-        path = Path(args.out)
-        path.mkdir(parents=True)
-        generate_dataset(data.clicklog, path)
-    else:
-        path = ensure_dataset(data)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    meta = json.loads((path / META_FILE).read_text())
-    rows = sum(meta["rows"].values())
-    print(json.dumps({
-        "path": str(path), "rows": meta["rows"], "seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
-        "rows_per_second": round(rows / wall), "ctr": meta["ctr"], "teacher_auc": meta["teacher_auc"],
-        "train_top_1pct_rows_lookup_share": meta["generator"]["train_top_1pct_rows_lookup_share"],
-        "tables": dict(zip(meta["sparse_feature_names"], meta["num_embeddings_per_feature"])),
-    }))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""The entity-structured click-log simulator (data.source=clicklog; slipstream_rec.data.clicklog)."""
+"""The entity-structured click-log simulator (data.source=clicklog; slipstream_rec.data.generated.clicklog)."""
 
 from __future__ import annotations
 
@@ -15,20 +15,17 @@ import pytest
 import torch
 
 from slipstream_rec.config import ConfigError, load_config
-from slipstream_rec.data.clicklog import (
-    DENSE_FEATURE_NAMES,
-    config_hash,
-    generate_dataset,
-    normalize_clicklog_config,
-    top_rows_lookup_share,
-)
-from slipstream_rec.data.clicklog_world import COL, FEATURES, GroupedSampler, World
 from slipstream_rec.data.config import ClicklogConfig, DataConfig
-from slipstream_rec.data.loader import SPLITS, load_meta
-from slipstream_rec.data.synthetic import dataset_dir, ensure_dataset, normalize_data_config
-from slipstream_rec.training.metrics import auc
+from slipstream_rec.data.datasets import dataset_dir, ensure_dataset, normalize_data_config
+from slipstream_rec.data.generated.clicklog.counters import DENSE_FEATURE_NAMES
+from slipstream_rec.data.generated.clicklog.generate import config_hash, generate_dataset, normalize_clicklog_config
+from slipstream_rec.data.generated.clicklog.sampling import GroupedSampler
+from slipstream_rec.data.generated.clicklog.world import COL, FEATURES, World
+from slipstream_rec.data.generated.clicklog.writer import top_rows_lookup_share
+from slipstream_rec.data.meta import SPLITS, load_meta
+from slipstream_rec.metrics import auc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 DAYS, PER_DAY = 4, 6000
 

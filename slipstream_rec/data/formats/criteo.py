@@ -20,8 +20,8 @@ from typing import Any, Dict, Iterator, Optional
 import numpy as np
 
 from slipstream_rec.data.config import CriteoConfig, NUM_DENSE, NUM_SPARSE
-from slipstream_rec.data.convert import ParsedChunk, Source, check_split, encodings_for
-from slipstream_rec.data.rawfiles import DEFAULT_CHUNK_BYTES, count_lines, file_sizes, iter_text_chunks
+from slipstream_rec.data.convert.source import ParsedChunk, Source, check_split, encodings_for
+from slipstream_rec.data.formats.rawfiles import DEFAULT_CHUNK_BYTES, count_lines, file_sizes, iter_text_chunks
 
 __all__ = ["CriteoSource", "parse_criteo_lines", "SPARSE_NAMES", "DENSE_NAMES"]
 

@@ -1,4 +1,4 @@
-"""Criteo TSV -> npy (slipstream_rec.data.criteo + convert): parsing, vocabulary, splits,
+"""Criteo TSV -> npy (slipstream_rec.data.formats.criteo + convert): parsing, vocabulary, splits,
 gzip, bad rows, a crash mid-conversion, and training on the result."""
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slipstream_rec.data import convert as convert_mod
+from slipstream_rec.data.convert import converter as convert_mod
 from slipstream_rec.data.config import CategoricalEncoding, CriteoConfig, SplitConfig, SyntheticConfig
-from slipstream_rec.data.convert import BadRowsError, convert
-from slipstream_rec.data.criteo import CriteoSource, parse_criteo_lines
-from slipstream_rec.data.criteo_text import write_criteo_text
-from slipstream_rec.data.loader import NpyBatchLoader, load_meta
-from slipstream_rec.data.vocab import Vocabulary
+from slipstream_rec.data.convert.converter import convert
+from slipstream_rec.data.convert.source import BadRowsError
+from slipstream_rec.data.formats.criteo import CriteoSource, parse_criteo_lines
+from slipstream_rec.data.generated.criteo_text import write_criteo_text
+from slipstream_rec.data.loader import NpyBatchLoader
+from slipstream_rec.data.meta import load_meta
+from slipstream_rec.data.convert.vocab import Vocabulary
 
 TEACHER = SyntheticConfig(cardinality_scale=0.0005, min_cardinality=8, max_cardinality=400, zipf_exponent=1.2)
 

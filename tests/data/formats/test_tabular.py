@@ -1,4 +1,4 @@
-"""Any CSV / TSV / Parquet file with a schema -> npy (slipstream_rec.data.tabular + convert)."""
+"""Any CSV / TSV / Parquet file with a schema -> npy (slipstream_rec.data.formats.tabular + convert)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from slipstream_rec.data.config import CategoricalEncoding, SplitConfig, TabularConfig
-from slipstream_rec.data.convert import BadRowsError, convert
-from slipstream_rec.data.loader import NpyBatchLoader, load_meta
-from slipstream_rec.data.tabular import TabularSource
-from slipstream_rec.data.vocab import Vocabulary
+from slipstream_rec.data.convert.converter import convert
+from slipstream_rec.data.convert.source import BadRowsError
+from slipstream_rec.data.loader import NpyBatchLoader
+from slipstream_rec.data.meta import load_meta
+from slipstream_rec.data.formats.tabular import TabularSource
+from slipstream_rec.data.convert.vocab import Vocabulary
 
 from tests.data._clicks import make_clicks, write_csv, write_parquet
 

@@ -23,10 +23,11 @@ from typing import Dict
 
 import numpy as np
 
-from slipstream_rec.data.clicklog_world import (
-    AD_BLOCK, COL, FEATURES, HOURLY_TRAFFIC, NUM_CONNECTIONS, NUM_SLOTS, SITE_BLOCK, USER_BLOCK, World, draw,
+from slipstream_rec.data.generated.clicklog.world import (
+    AD_BLOCK, COL, FEATURES, HOURLY_TRAFFIC, NUM_CONNECTIONS, NUM_SLOTS, SITE_BLOCK, USER_BLOCK, World,
 )
-from slipstream_rec.data.labels import fit_bias, sigmoid
+from slipstream_rec.data.generated.clicklog.sampling import draw
+from slipstream_rec.data.generated.labels import fit_bias, sigmoid
 
 # Relative standard deviation of each feature's per-id effect in E (assumed; the finest ids and
 # the entities' owners matter most; the whole term is rescaled to teacher_entity_scale).

@@ -18,41 +18,35 @@ Rows have 13 dense features and 26 categorical features with one id each, like C
   where the pairwise sum is computed as (||sum_f u_f||^2 - sum_f ||u_f||^2) / 2, and ``bias`` is
   found by bisection on a calibration sample so that the mean label is ``base_ctr``.
 
-Each split is written in TorchRec's binary criteo npy layout (see slipstream_rec/data/loader.py)
-plus ``meta.json``; ``ensure_dataset`` caches it under ``{root}/{name}-{config hash}`` and only
-renames a complete directory into place.
+Each split is written in TorchRec's binary criteo npy layout (see slipstream_rec/data/meta.py)
+plus ``meta.json``; ``datasets.ensure_dataset`` caches it under ``{root}/{name}-{config hash}``
+and only renames a complete directory into place.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
+from slipstream_rec.data.coerce import checked_number, coerce_dataclass
 from slipstream_rec.data.config import (
     CRITEO_KAGGLE_CARDINALITIES,
     NUM_DENSE,
     NUM_SPARSE,
-    ClicklogConfig,
-    DataConfig,
     SyntheticConfig,
 )
-from slipstream_rec.data.labels import fit_bias, sigmoid
-from slipstream_rec.data.loader import FORMAT_VERSION, META_FILE, SPLITS, load_meta, split_file
-from slipstream_rec.training.metrics import auc
+from slipstream_rec.data.generated.labels import fit_bias, sigmoid
+from slipstream_rec.data.meta import FORMAT_VERSION, META_FILE, SPLITS, split_file
+from slipstream_rec.metrics import auc
 
 logger = logging.getLogger("slipstream_rec.data")
 
@@ -77,9 +71,6 @@ _DENSE_ZERO_PROB = np.array([0.45, 0.05, 0.2, 0.1, 0.02, 0.2, 0.05, 0.02, 0.03, 
 # Correlation of each dense feature's latent normal with the teacher's standardized sparse logit.
 _DENSE_RHO = np.array([0.4, 0.0, 0.3, 0.0, 0.0, 0.25, 0.4, 0.0, 0.0, 0.3, 0.0, 0.0, 0.0])
 
-# data.source values generated into the cache by ensure_dataset (clicklog: data/clicklog.py).
-GENERATED_SOURCES = ("synthetic", "clicklog")
-
 # Random streams: np.random.default_rng([seed, stream, ...]).
 _STREAM_TEACHER, _STREAM_PERM, _STREAM_CALIB, _STREAM_SPLIT = 1, 2, 3, 4
 
@@ -87,89 +78,34 @@ _STREAM_TEACHER, _STREAM_PERM, _STREAM_CALIB, _STREAM_SPLIT = 1, 2, 3, 4
 # -- config handling ---------------------------------------------------------------------------
 
 
-def _to_mapping(cfg: Any) -> Any:
-    """DictConfig -> dict (resolved); anything else unchanged."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra
-        return cfg
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return cfg
-
-
-def _coerce(cfg: Any, cls: type, key: str) -> Any:
-    cfg = _to_mapping(cfg)
-    if isinstance(cfg, cls):
-        return cfg
-    if isinstance(cfg, Mapping):
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(cfg) - names)
-        if unknown:
-            raise ValueError(f"{key} has unknown key(s) {unknown}. Fix: use only {sorted(names)}.")
-        kwargs = dict(cfg)
-        if cls is DataConfig and "synthetic" in kwargs:
-            kwargs["synthetic"] = _coerce(kwargs["synthetic"], SyntheticConfig, f"{key}.synthetic")
-        if cls is DataConfig and "clicklog" in kwargs:
-            kwargs["clicklog"] = _coerce(kwargs["clicklog"], ClicklogConfig, f"{key}.clicklog")
-        if cls is DataConfig:  # the converters' nested settings: typed through OmegaConf
-            from omegaconf import OmegaConf
-
-            for name in ("criteo", "tabular", "movielens"):
-                if isinstance(kwargs.get(name), Mapping):
-                    kind = type(getattr(DataConfig(), name))
-                    kwargs[name] = OmegaConf.to_object(
-                        OmegaConf.merge(OmegaConf.structured(kind), kwargs[name])
-                    )
-        return cls(**kwargs)
-    raise ValueError(f"{key} must be a {cls.__name__} or a mapping, got {type(cfg).__name__}")
-
-
-def _num(value: Any, key: str, kind: type, *, lo: Optional[float] = None, lo_open: bool = False,
-         hi: Optional[float] = None, hi_open: bool = False, fix: str = "") -> Any:
-    """Validate ``value`` as int / float with an optional range; error names the config key."""
-    ok_type = (kind is int and isinstance(value, (int, np.integer)) and not isinstance(value, bool)) or (
-        kind is float and isinstance(value, (int, float, np.integer, np.floating))
-        and not isinstance(value, bool)
-    )
-    if not ok_type or (kind is float and not math.isfinite(float(value))):
-        raise ValueError(f"{key} must be a finite {kind.__name__}, got {value!r}. {fix}".rstrip())
-    v = kind(value)
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ValueError(f"{key} must be {'>' if lo_open else '>='} {lo}, got {v!r}. {fix}".rstrip())
-    if hi is not None and (v >= hi if hi_open else v > hi):
-        raise ValueError(f"{key} must be {'<' if hi_open else '<='} {hi}, got {v!r}. {fix}".rstrip())
-    return v
-
-
 def normalize_synthetic_config(cfg: Any, key: str = "data.synthetic") -> SyntheticConfig:
     """Validate a SyntheticConfig (dataclass, DictConfig or mapping) and return a clean copy.
 
     Raises ValueError naming the offending key (``data.synthetic.<field>``) and the fix.
     """
-    c = _coerce(cfg, SyntheticConfig, key)
+    c = coerce_dataclass(cfg, SyntheticConfig, key)
     k = lambda name: f"{key}.{name}"  # noqa: E731
     out = SyntheticConfig(
-        num_train=_num(c.num_train, k("num_train"), int, lo=1),
-        num_val=_num(c.num_val, k("num_val"), int, lo=1),
-        num_test=_num(c.num_test, k("num_test"), int, lo=1),
-        cardinality_scale=_num(c.cardinality_scale, k("cardinality_scale"), float, lo=0, lo_open=True),
-        min_cardinality=_num(c.min_cardinality, k("min_cardinality"), int, lo=2,
-                             fix="Fix: small features need at least 2 rows to carry any signal."),
-        max_cardinality=_num(c.max_cardinality, k("max_cardinality"), int, lo=2),
-        zipf_exponent=_num(c.zipf_exponent, k("zipf_exponent"), float, lo=0,
-                           fix="Fix: use 0 for uniform ids, ~1.1 for Criteo-like skew."),
+        num_train=checked_number(c.num_train, k("num_train"), int, lo=1),
+        num_val=checked_number(c.num_val, k("num_val"), int, lo=1),
+        num_test=checked_number(c.num_test, k("num_test"), int, lo=1),
+        cardinality_scale=checked_number(c.cardinality_scale, k("cardinality_scale"), float, lo=0, lo_open=True),
+        min_cardinality=checked_number(c.min_cardinality, k("min_cardinality"), int, lo=2,
+                                       fix="Fix: small features need at least 2 rows to carry any signal."),
+        max_cardinality=checked_number(c.max_cardinality, k("max_cardinality"), int, lo=2),
+        zipf_exponent=checked_number(c.zipf_exponent, k("zipf_exponent"), float, lo=0,
+                                     fix="Fix: use 0 for uniform ids, ~1.1 for Criteo-like skew."),
         zipf_exponents=None,
         permute_ids=c.permute_ids,
-        base_ctr=_num(c.base_ctr, k("base_ctr"), float, lo=0, lo_open=True, hi=1, hi_open=True,
-                      fix="Fix: a click-through rate strictly between 0 and 1, e.g. 0.25."),
-        teacher_rank=_num(c.teacher_rank, k("teacher_rank"), int, lo=0,
-                          fix="Fix: 0 disables the interaction term."),
-        teacher_id_scale=_num(c.teacher_id_scale, k("teacher_id_scale"), float, lo=0),
-        teacher_interaction_scale=_num(c.teacher_interaction_scale, k("teacher_interaction_scale"),
-                                       float, lo=0),
-        teacher_dense_scale=_num(c.teacher_dense_scale, k("teacher_dense_scale"), float, lo=0),
-        seed=_num(c.seed, k("seed"), int, lo=0),
+        base_ctr=checked_number(c.base_ctr, k("base_ctr"), float, lo=0, lo_open=True, hi=1, hi_open=True,
+                                fix="Fix: a click-through rate strictly between 0 and 1, e.g. 0.25."),
+        teacher_rank=checked_number(c.teacher_rank, k("teacher_rank"), int, lo=0,
+                                    fix="Fix: 0 disables the interaction term."),
+        teacher_id_scale=checked_number(c.teacher_id_scale, k("teacher_id_scale"), float, lo=0),
+        teacher_interaction_scale=checked_number(c.teacher_interaction_scale, k("teacher_interaction_scale"),
+                                                 float, lo=0),
+        teacher_dense_scale=checked_number(c.teacher_dense_scale, k("teacher_dense_scale"), float, lo=0),
+        seed=checked_number(c.seed, k("seed"), int, lo=0),
     )
     if not isinstance(c.permute_ids, bool):
         raise ValueError(f"{k('permute_ids')} must be true or false, got {c.permute_ids!r}")
@@ -187,50 +123,10 @@ def normalize_synthetic_config(cfg: Any, key: str = "data.synthetic") -> Synthet
                 f"{k('zipf_exponent')} for every feature."
             )
         out.zipf_exponents = [
-            _num(e, f"{k('zipf_exponents')}[{i}]", float, lo=0, fix="Fix: exponents are >= 0.")
+            checked_number(e, f"{k('zipf_exponents')}[{i}]", float, lo=0, fix="Fix: exponents are >= 0.")
             for i, e in enumerate(exps)
         ]
     return out
-
-
-def normalize_data_config(cfg: Any, key: str = "data") -> DataConfig:
-    """Validate a DataConfig (dataclass, DictConfig or mapping) and return a clean copy."""
-    from slipstream_rec.data.sources import RAW_SOURCES
-
-    c = _coerce(cfg, DataConfig, key)
-    if c.source not in (*GENERATED_SOURCES, "npy", *RAW_SOURCES):
-        raise ValueError(
-            f"{key}.source={c.source!r} is unknown. Fix: use one of "
-            f"{[*GENERATED_SOURCES, 'npy', *RAW_SOURCES]}."
-        )
-    if c.bad_rows not in ("error", "skip"):
-        raise ValueError(f"{key}.bad_rows={c.bad_rows!r} is unknown. Fix: 'error' or 'skip'.")
-    if not isinstance(c.name, str) or not c.name or "/" in c.name or c.name.startswith("."):
-        raise ValueError(
-            f"{key}.name={c.name!r} is not a valid directory-name prefix. Fix: a non-empty name "
-            f"without '/' that does not start with '.'."
-        )
-    if c.source == "npy" and not c.path:
-        raise ValueError(
-            f"{key}.path must be set when {key}.source=npy. Fix: {key}.path=/dir/with/meta.json "
-            f"(or {key}.source=synthetic to generate the default dataset)."
-        )
-    if c.path and c.source != "npy":
-        # Ignoring it would train on the data.source dataset instead (the default click log is
-        # generated, 730 MB, and trained for 2000 steps) while the user thinks it reads data.path.
-        raise ValueError(
-            f"{key}.path={c.path} is only read with {key}.source=npy, and {key}.source={c.source}. "
-            f"Fix: add {key}.source=npy to train on {c.path}, or drop {key}.path."
-        )
-    if c.source == "clicklog":
-        from slipstream_rec.data.clicklog import normalize_clicklog_config
-
-        return dataclasses.replace(c, clicklog=normalize_clicklog_config(c.clicklog, f"{key}.clicklog"))
-    if c.source != "synthetic":
-        return c  # data.synthetic is unused (and not validated) when reading other data
-    return dataclasses.replace(
-        c, synthetic=normalize_synthetic_config(c.synthetic, f"{key}.synthetic")
-    )
 
 
 def feature_cardinalities(cfg: SyntheticConfig) -> List[int]:
@@ -257,21 +153,6 @@ def config_hash(cfg: SyntheticConfig) -> str:
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def dataset_dir(cfg: Any) -> Path:
-    """``{root}/{name}-{hash}`` for source=synthetic / clicklog, ``path`` for source=npy."""
-    c = normalize_data_config(cfg)
-    if c.source == "npy":
-        return Path(c.path)  # type: ignore[arg-type]
-    if c.source in GENERATED_SOURCES:
-        return Path(c.root) / f"{c.name}-{_generator(c)[0]}"
-    if c.source != "synthetic":
-        from slipstream_rec.data.convert import source_digest
-        from slipstream_rec.data.sources import make_source
-
-        return Path(c.root) / f"{c.name}-{source_digest(make_source(c), c.bad_rows)}"
-    return Path(c.root) / f"{c.name}-{config_hash(c.synthetic)}"
 
 
 # -- the teacher -------------------------------------------------------------------------------
@@ -406,8 +287,8 @@ def _write_chunk(arrays: Dict[str, np.ndarray], start: int, chunk: Dict[str, np.
 def generate_dataset(cfg: Any, out_dir: Union[str, Path]) -> Dict[str, Any]:
     """Generate all splits of ``cfg`` into ``out_dir`` (must exist) and write meta.json last.
 
-    Returns the meta dict. Not atomic by itself: use ``ensure_dataset`` for the cached, atomic
-    version.
+    Returns the meta dict. Not atomic by itself: ``datasets.ensure_dataset`` is the cached,
+    atomic version.
     """
     cfg = normalize_synthetic_config(cfg)
     out_dir = Path(out_dir)
@@ -487,143 +368,3 @@ def generate_dataset(cfg: Any, out_dir: Union[str, Path]) -> Dict[str, Any]:
         sum(rows.values()), time.perf_counter() - t0, out_dir, teacher_auc,
     )
     return meta
-
-
-def _is_valid_cache(path: Path, expected_hash: str) -> bool:
-    try:
-        meta = load_meta(path)
-    except (OSError, ValueError):
-        return False
-    return bool(meta.generator) and meta.generator.get("hash") == expected_hash
-
-
-def ensure_dataset(cfg: Any) -> Path:
-    """Return the dataset directory of ``cfg`` (a DataConfig), generating it first if needed.
-
-    source=synthetic / clicklog: ``{root}/{name}-{hash of cfg.synthetic / cfg.clicklog}``
-    (generated by this module / data/clicklog.py); reused if it holds a valid
-    meta.json for that hash, else generated into a temporary sibling directory and renamed into
-    place only when complete (a crash leaves only a ``.{name}-{hash}.tmp-*`` directory; a
-    concurrent generator that loses the rename race discards its copy).
-    source=npy: validates ``cfg.path`` (meta.json and file headers) and returns it.
-    source=criteo / tabular / movielens_1m: the directory slipstream-data converts into
-    (``slipstream_rec.data.sources``; tabular and movielens_1m are converted on first use).
-    """
-    c = normalize_data_config(cfg)
-    if c.source not in (*GENERATED_SOURCES, "npy"):
-        from slipstream_rec.data.sources import ensure_converted
-
-        return ensure_converted(c)
-    if c.source == "npy":
-        path = Path(c.path)  # type: ignore[arg-type]
-        load_meta(path)
-        logger.info("dataset: using npy directory %s", path)
-        return path
-
-    h, generate = _generator(c)
-    root = Path(c.root)
-    final = root / f"{c.name}-{h}"
-    if _cached(final, h):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    # Ranks on one host serialize on a lock file, so only one of them generates and the others
-    # then find the cache; across hosts (or where flock is unsupported) the rename race decides.
-    with _lock(root / f".{final.name}.lock"):
-        if _cached(final, h):
-            return final
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-        logger.info("dataset: generating %s (via %s)", final, tmp.name)
-        try:
-            generate(tmp)
-            os.chmod(tmp, 0o755)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            # Lost the race to a concurrent generator (final now exists and is non-empty).
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not _is_valid_cache(final, h):
-                raise
-            logger.info("dataset: another process finished %s first; discarded our copy", final)
-    return final
-
-
-def _generator(c: DataConfig) -> Tuple[str, Callable[[Path], Any]]:
-    """(config hash, generate into a directory) of a normalized generated-data config."""
-    if c.source == "clicklog":
-        from slipstream_rec.data import clicklog
-
-        return clicklog.config_hash(c.clicklog), lambda out: clicklog.generate_dataset(c.clicklog, out)
-    return config_hash(c.synthetic), lambda out: generate_dataset(c.synthetic, out)
-
-
-def _cached(final: Path, h: str) -> bool:
-    """True if ``final`` is a finished dataset for hash ``h``; error if it exists but is not."""
-    if not final.exists():
-        return False
-    if _is_valid_cache(final, h):
-        logger.info("dataset: reusing cached %s", final)
-        return True
-    raise ValueError(
-        f"{final} exists but is not a complete dataset for this config (bad or missing "
-        f"{META_FILE}, missing/mismatched .npy files, or a different hash). Fix: delete "
-        f"{final}; the next run regenerates it."
-    )
-
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """Exclusive flock on ``path`` while generating; a no-op where flock is unavailable.
-
-    The holder removes the lock file when done, so data/ keeps no ``.X.lock`` files. That is
-    safe because a process that got the lock on a file already unlinked (it opened it before the
-    removal) sees that the path no longer names its file and takes the lock again on the new one.
-    """
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:  # e.g. some network filesystems: fall back to the rename race
-            os.close(fd)
-            yield
-            return
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)  # the holder before us removed it: lock the current file instead
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # while still holding the lock (see above)
-        os.close(fd)  # closing releases the lock
-
-
-def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m slipstream_rec.data.synthetic [--root data]``: build the default dataset."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--root", default=DataConfig.root)
-    parser.add_argument("--name", default=DataConfig.name)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", force=True)
-    path = ensure_dataset(DataConfig(root=args.root, name=args.name))
-    meta = load_meta(path)
-    print(json.dumps({"path": str(path), "rows": meta.rows, "teacher_auc": meta.teacher_auc, "ctr": meta.ctr}))
-
-
-if __name__ == "__main__":
-    main()

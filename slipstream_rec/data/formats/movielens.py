@@ -35,7 +35,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from slipstream_rec.data.config import CategoricalEncoding, MovieLensConfig
-from slipstream_rec.data.convert import ParsedChunk, Source, check_split
+from slipstream_rec.data.convert.source import ParsedChunk, Source, check_split
 
 logger = logging.getLogger("slipstream_rec.data")
 

@@ -7,7 +7,7 @@ label, 13 integer counts (the teacher's dense values before the log, ``round(exp
 of the fields is left empty (missing), as in Criteo. Formatting is vectorised: every row is
 laid out at fixed width with NUL padding, which is then dropped.
 
-``python -m slipstream_rec.data.criteo_text --out day_0.tsv --size-gb 2`` writes a 2 GB file.
+``python -m slipstream_rec.data.generated.criteo_text --out day_0.tsv --size-gb 2`` writes a 2 GB file.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import BinaryIO, Optional
 import numpy as np
 
 from slipstream_rec.data.config import NUM_DENSE, NUM_SPARSE, SyntheticConfig
-from slipstream_rec.data.synthetic import Teacher, normalize_synthetic_config
+from slipstream_rec.data.generated.synthetic import Teacher, normalize_synthetic_config
 
 __all__ = ["format_criteo_lines", "write_criteo_text", "criteo_keys"]
 

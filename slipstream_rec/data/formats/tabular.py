@@ -30,8 +30,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from slipstream_rec.data.config import TabularConfig
-from slipstream_rec.data.convert import ParsedChunk, Source, check_split, encodings_for
-from slipstream_rec.data.rawfiles import DEFAULT_CHUNK_BYTES, count_lines, file_sizes, iter_text_chunks, open_raw
+from slipstream_rec.data.convert.source import ParsedChunk, Source, check_split, encodings_for
+from slipstream_rec.data.formats.rawfiles import DEFAULT_CHUNK_BYTES, count_lines, file_sizes, iter_text_chunks, open_raw
 
 __all__ = ["TabularSource", "text_key", "text_keys"]
 

@@ -1,14 +1,14 @@
 """The streaming, resumable conversion of raw rows into the npy layout the trainer reads.
 
-A *source* (criteo.py, tabular.py, movielens.py) parses its inputs into ``ParsedChunk``s; this
-module does the rest, the same for every source, in up to three passes over the inputs:
+A *source* (data/formats/: criteo.py, tabular.py, movielens.py; the interface: convert/source.py)
+parses its inputs into ``ParsedChunk``s; this module does the rest, the same for every source, in up to three passes over the inputs:
 
 1. ``scan`` (only where the split needs it): line counts of the inputs (split ``ordered``, and
    the eval files of split ``files``) or a sample of timestamps for the cut points (``time``);
 2. ``count`` (only where a feature uses mode ``vocab``): occurrence counts of every value over
-   the *training* rows -> the vocabulary (data/vocab.py), saved in ``vocab/``;
+   the *training* rows -> the vocabulary (convert/vocab.py), saved in ``vocab/``;
 3. ``encode``: every row is assigned its split, its values encoded with the vocabulary, and
-   appended to ``{split}_*.npy`` part files (data/npy_writer.py).
+   appended to ``{split}_*.npy`` part files (convert/npy_writer.py).
 
 Memory is one chunk (``chunk_bytes`` of text) plus the vocabulary counts, whatever the size of
 the inputs. Everything happens in ``{final}.partial/``; ``meta.json`` is written last and the
@@ -24,27 +24,25 @@ meta.json). Nothing is dropped silently.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from slipstream_rec.data.config import CategoricalEncoding, SplitConfig
-from slipstream_rec.data.loader import META_FILE, SPLITS, load_meta
-from slipstream_rec.data.npy_writer import NpyAppender
-from slipstream_rec.data.vocab import VocabCounter, Vocabulary, check_encoding
+from slipstream_rec.data.convert.npy_writer import NpyAppender
+from slipstream_rec.data.convert.source import BadRowsError, ParsedChunk, Source
+from slipstream_rec.data.convert.vocab import VocabCounter, Vocabulary
+from slipstream_rec.data.meta import META_FILE, SPLITS, load_meta
 
 logger = logging.getLogger("slipstream_rec.data")
 
-__all__ = ["ParsedChunk", "Source", "convert", "BadRowsError", "CONVERTER_VERSION"]
+__all__ = ["convert", "source_digest", "CONVERTER_VERSION"]
 
 # Bump when the converted data changes for the same settings: it is part of the cache hash.
 CONVERTER_VERSION = 1
@@ -52,59 +50,6 @@ STATE_FILE = "state.json"
 CHECKPOINT_SECONDS = 30.0
 TIME_SAMPLE = 1_000_000
 _SPLIT_IDS = {s: i for i, s in enumerate(SPLITS)}
-
-
-class BadRowsError(ValueError):
-    """A malformed input row under ``bad_rows=error``."""
-
-
-@dataclass
-class ParsedChunk:
-    """The good rows of one chunk of one input file, parsed but not yet encoded."""
-
-    file_index: int  # input file the rows come from
-    lines: np.ndarray  # (n,) int64 0-based row number in that file of each good row
-    labels: np.ndarray  # (n,) int32, 0 or 1
-    dense: np.ndarray  # (n, num_dense) float32, already transformed
-    keys: List[np.ndarray]  # per one-hot feature: (n,) int64 raw keys, -1 = missing
-    multi: List[Tuple[np.ndarray, np.ndarray]]  # per multi-hot feature: (values int64, lengths (n,))
-    end: Dict[str, int]  # input position after this chunk (resume point)
-    progress: int  # progress units consumed so far (bytes or rows)
-    # reason -> 0-based row numbers (in file_index) of the rows that were malformed
-    bad: Dict[str, np.ndarray] = field(default_factory=dict)
-    time: Optional[np.ndarray] = None  # (n,) float64 timestamps (split method "time")
-    line_offset: int = 0  # 0-based file line of row 0 (1 for a CSV header), for messages
-    # reason -> what is wrong and the fix, where the source can tell (e.g. a label column of
-    # yes/no under label_rule=binary: the label_rule that reads it); else the generic fix
-    hints: Dict[str, str] = field(default_factory=dict)
-
-
-class Source:
-    """What a raw format provides to ``convert`` (subclassed by criteo / tabular / movielens)."""
-
-    name: str = "source"
-    progress_unit: str = "B"
-
-    def __init__(self) -> None:
-        self.paths: List[str] = []  # every input file: training inputs, then eval inputs
-        self.num_train_files: int = 0  # paths[:num_train_files] are the training inputs
-        self.dense_names: List[str] = []
-        self.onehot: List[Tuple[str, CategoricalEncoding]] = []
-        self.multihot: List[Tuple[str, CategoricalEncoding]] = []
-        self.split: SplitConfig = SplitConfig()
-
-    def chunks(self, start: Optional[Dict[str, int]]) -> Iterator[ParsedChunk]:
-        raise NotImplementedError
-
-    def count_lines(self, file_index: int) -> int:
-        raise NotImplementedError
-
-    def progress_total(self) -> int:
-        raise NotImplementedError
-
-    def describe(self) -> Dict[str, Any]:
-        """Settings that define the output (hashed into the cache name, kept in meta.json)."""
-        raise NotImplementedError
 
 
 # -- splits ------------------------------------------------------------------------------------
@@ -144,27 +89,6 @@ class _Splitter:
         # ordered: by global line number over all inputs
         glob = chunk.lines + self.scan["line_offsets"][chunk.file_index]
         return np.where(glob >= self.scan["test_start"], 2, np.where(glob >= self.scan["val_start"], 1, 0)).astype(np.int8)
-
-
-def check_split(cfg: SplitConfig, key: str, *, has_eval_inputs: bool, time_column: bool) -> None:
-    methods = ("ordered", "time", "random", "files")
-    if cfg.method not in methods:
-        raise ValueError(f"{key}.method={cfg.method!r} is unknown. Fix: one of {list(methods)}.")
-    for name in ("val_fraction", "test_fraction"):
-        v = getattr(cfg, name)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < 1:
-            raise ValueError(f"{key}.{name}={v!r} is invalid. Fix: a fraction strictly between 0 and 1.")
-    if cfg.method != "files" and cfg.val_fraction + cfg.test_fraction >= 1:
-        raise ValueError(
-            f"{key}.val_fraction + {key}.test_fraction = {cfg.val_fraction + cfg.test_fraction} "
-            f"leaves no training rows. Fix: make their sum < 1."
-        )
-    if cfg.method == "files" and not has_eval_inputs:
-        raise ValueError(f"{key}.method=files needs eval_inputs (the files of val and test). Fix: set them, or use method=ordered.")
-    if cfg.method != "files" and has_eval_inputs:
-        raise ValueError(f"eval_inputs are only used with {key}.method=files. Fix: set {key}.method=files or remove them.")
-    if cfg.method == "time" and not time_column:
-        raise ValueError(f"{key}.method=time needs a timestamp column. Fix: set time_column, or use method=ordered.")
 
 
 # -- the conversion ----------------------------------------------------------------------------
@@ -533,20 +457,3 @@ def convert(source: Source, final: Path, *, bad_rows: str = "error", progress: b
     os.replace(work, final)
     logger.info("convert: %s -> %s, rows %s", source.name, final, result["rows"])
     return final
-
-
-def encodings_for(
-    features: Sequence[str], default: CategoricalEncoding, per_feature: Dict[str, CategoricalEncoding], key: str
-) -> List[Tuple[str, CategoricalEncoding]]:
-    """(feature, encoding) pairs; an override for an unknown feature is an error naming it."""
-    unknown = sorted(set(per_feature) - set(features))
-    if unknown:
-        raise ValueError(f"{key}.feature_encoding names unknown feature(s) {unknown}. Fix: use some of {list(features)}.")
-    out = []
-    for f in features:
-        enc = per_feature.get(f, default)
-        if isinstance(enc, dict):
-            enc = CategoricalEncoding(**enc)
-        where = f"{key}.feature_encoding.{f}" if f in per_feature else f"{key}.encoding"
-        out.append((f, check_encoding(dataclasses.replace(enc), where)))
-    return out

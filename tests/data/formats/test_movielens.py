@@ -1,4 +1,4 @@
-"""MovieLens-1M as CTR (slipstream_rec.data.movielens) from GroupLens-format files."""
+"""MovieLens-1M as CTR (slipstream_rec.data.formats.movielens) from GroupLens-format files."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from slipstream_rec.data.config import DataConfig, MovieLensConfig, SplitConfig
-from slipstream_rec.data.loader import NpyBatchLoader, load_meta
-from slipstream_rec.data.synthetic import ensure_dataset
+from slipstream_rec.data.loader import NpyBatchLoader
+from slipstream_rec.data.meta import load_meta
+from slipstream_rec.data.datasets import ensure_dataset
 
-FIXTURE = Path(__file__).parent / "fixtures" / "ml-tiny"  # invented ratings, GroupLens's format
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "ml-tiny"  # invented ratings, GroupLens's format
 
 
 def write_grouplens(d: Path, n_users: int = 40, n_movies: int = 30, seed: int = 0) -> Path:
