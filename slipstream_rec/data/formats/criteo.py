@@ -6,7 +6,7 @@ missing). Parsing is vectorised over a whole chunk with numpy (field boundaries 
 positions, digits through lookup tables), so no Python code runs per row.
 
 As in the DLRM reference: a missing integer is 0 and dense features are log(max(x, 0) + 1);
-a categorical value's key is its hex value (missing: -1 -> id 0; see data/vocab.py).
+a categorical value's key is its hex value (missing: -1 -> id 0; see data/convert/vocab.py).
 
 Malformed lines (reasons, as counted in meta.json): ``wrong column count`` (not 40 fields),
 ``bad label`` (not 0/1), ``non-numeric dense value``, ``bad hex categorical value`` (a non-hex

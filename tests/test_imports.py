@@ -1,0 +1,122 @@
+"""The package's import structure: no circle, data/ below training/, small data/ modules.
+
+The graph is read from the source with ``ast`` (every ``import`` / ``from ... import``, also
+those inside functions, which a circle hides behind), not by importing anything.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+PACKAGE = Path(__file__).resolve().parents[1] / "slipstream_rec"
+# data/ is the ground floor for these: none of them may be imported from data/.
+ABOVE_DATA = ("training", "slipstream", "model", "sharding")
+MAX_DATA_LINES = 500
+
+
+def _modules() -> Dict[str, Tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package's __init__)."""
+    out = {}
+    for f in sorted(PACKAGE.rglob("*.py")):
+        parts = list(f.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_pkg else parts)] = (f, is_pkg)
+    return out
+
+
+def _imports() -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, str]]]:
+    """(module -> package modules it imports, [(importer, module, private name)])."""
+    mods = _modules()
+    edges: Dict[str, Set[str]] = {m: set() for m in mods}
+    private = []
+    for mod, (f, is_pkg) in mods.items():
+        here = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                edges[mod].update(a.name for a in node.names if a.name in mods)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+                for a in node.names:
+                    if f"{base}.{a.name}" in mods:  # a submodule
+                        edges[mod].add(f"{base}.{a.name}")
+                    elif base in mods:
+                        edges[mod].add(base)
+                        if a.name.startswith("_"):
+                            private.append((mod, base, a.name))
+    return edges, private
+
+
+def _circles(edges: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    out = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    """The finder itself, on a hand-made graph: a -> b -> c -> a is one circle, d hangs off it."""
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_in_the_package() -> None:
+    edges, _ = _imports()
+    assert _circles(edges) == []
+
+
+def test_data_imports_nothing_from_the_layers_above() -> None:
+    edges, _ = _imports()
+    up = sorted(
+        (m, t) for m, targets in edges.items() if m.startswith("slipstream_rec.data")
+        for t in targets if t.split(".")[1] in ABOVE_DATA
+    )  # fmt: skip
+    assert up == []
+
+
+def test_data_modules_are_small_and_share_no_private_names() -> None:
+    long = sorted(
+        (str(f.relative_to(PACKAGE)), n) for f in (PACKAGE / "data").rglob("*.py")
+        if (n := len(f.read_text().splitlines())) > MAX_DATA_LINES
+    )  # fmt: skip
+    assert long == []
+    _, private = _imports()
+    assert [p for p in private if p[0].startswith("slipstream_rec.data")] == []
