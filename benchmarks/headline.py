@@ -47,7 +47,7 @@ MIN_PAIRED_AUC, MIN_SEED_AUC, CALIBRATION = -0.001, -0.002, 0.05
 def dataset_path(dataset: str, overrides: List[str]) -> Path:
     """The npy directory of a ``conf/data`` option, generated if needed (what a training run would use)."""
     from slipstream_rec.config import load_config
-    from slipstream_rec.data.synthetic import ensure_dataset
+    from slipstream_rec.data.datasets import ensure_dataset
 
     return Path(ensure_dataset(load_config([f"data={dataset}", *overrides]).data))
 

@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from slipstream_rec.checkpoint.manager import Checkpointer
 from slipstream_rec.config import JobConfig, config_hash, to_yaml
+from slipstream_rec.data.datasets import ensure_dataset
 from slipstream_rec.data.loader import NpyBatchLoader
 from slipstream_rec.data.meta import load_meta
-from slipstream_rec.data.datasets import ensure_dataset
 from slipstream_rec.distributed import DistEnv, all_gather_objects, broadcast_object
 from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
 from slipstream_rec.optim import build_optimizer, fuse_embedding_optimizer

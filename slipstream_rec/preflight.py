@@ -31,8 +31,8 @@ def world_size_from_env() -> int:
 def known_rows(job: JobConfig) -> Tuple[Optional[Dict[str, int]], str, str]:
     """(rows per split, or None where not known before conversion; what holds them; the fix that
     adds rows). Raises the data's own error for a missing path or input, or a bad setting."""
-    from slipstream_rec.data.meta import load_meta
     from slipstream_rec.data.datasets import dataset_dir, normalize_data_config
+    from slipstream_rec.data.meta import load_meta
 
     data = normalize_data_config(job.data)  # source, bad_rows, name, data.path set, synthetic
     if data.source == "synthetic":

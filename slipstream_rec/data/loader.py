@@ -12,7 +12,13 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from slipstream_rec.data.meta import META_FILE, DatasetMeta, load_meta, multi_hot_files, split_file
+from slipstream_rec.data.meta import (
+    META_FILE,
+    DatasetMeta,
+    load_meta,
+    multi_hot_files,
+    split_file,
+)
 from slipstream_rec.data.types import Batch
 
 logger = logging.getLogger("slipstream_rec.data")

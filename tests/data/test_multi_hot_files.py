@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from slipstream_rec.data.loader import NpyBatchLoader
-from slipstream_rec.data.meta import load_meta
 from slipstream_rec.data.convert.npy_writer import NpyAppender
 from slipstream_rec.data.convert.vocab import VocabCounter
+from slipstream_rec.data.loader import NpyBatchLoader
+from slipstream_rec.data.meta import load_meta
 
 SIZES = {"a": 50, "tags": 30, "b": 20}
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from slipstream_rec.data.config import DataConfig, MovieLensConfig, SplitConfig
+from slipstream_rec.data.datasets import ensure_dataset
 from slipstream_rec.data.loader import NpyBatchLoader
 from slipstream_rec.data.meta import load_meta
-from slipstream_rec.data.datasets import ensure_dataset
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "ml-tiny"  # invented ratings, GroupLens's format
 

@@ -25,7 +25,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", force=True)
     from slipstream_rec.config import load_config
-    from slipstream_rec.data.datasets import ensure_dataset  # the cache: this entry point only
+    from slipstream_rec.data.datasets import (
+        ensure_dataset,  # the cache: this entry point only
+    )
 
     data = load_config(["data=clicklog", *args.overrides]).data
     wall, cpu = time.perf_counter(), time.process_time()

@@ -40,12 +40,18 @@ from typing import Any, Dict, Iterator, Tuple, Union
 import numpy as np
 import torch
 
-from slipstream_rec.data.generated.clicklog.counters import DENSE_FEATURE_NAMES, ActivityCounters
-from slipstream_rec.data.generated.clicklog.teacher import ClicklogTeacher
-from slipstream_rec.data.generated.clicklog.world import COL, FEATURES, World, hour_rows
-from slipstream_rec.data.generated.clicklog.writer import SplitWriter, top_rows_lookup_share
 from slipstream_rec.data.coerce import checked_number, coerce_dataclass
 from slipstream_rec.data.config import ClicklogConfig
+from slipstream_rec.data.generated.clicklog.counters import (
+    DENSE_FEATURE_NAMES,
+    ActivityCounters,
+)
+from slipstream_rec.data.generated.clicklog.teacher import ClicklogTeacher
+from slipstream_rec.data.generated.clicklog.world import COL, FEATURES, World, hour_rows
+from slipstream_rec.data.generated.clicklog.writer import (
+    SplitWriter,
+    top_rows_lookup_share,
+)
 from slipstream_rec.data.meta import FORMAT_VERSION, META_FILE, SPLITS
 from slipstream_rec.metrics import auc
 

@@ -23,10 +23,18 @@ from typing import Dict
 
 import numpy as np
 
-from slipstream_rec.data.generated.clicklog.world import (
-    AD_BLOCK, COL, FEATURES, HOURLY_TRAFFIC, NUM_CONNECTIONS, NUM_SLOTS, SITE_BLOCK, USER_BLOCK, World,
-)
 from slipstream_rec.data.generated.clicklog.sampling import draw
+from slipstream_rec.data.generated.clicklog.world import (
+    AD_BLOCK,
+    COL,
+    FEATURES,
+    HOURLY_TRAFFIC,
+    NUM_CONNECTIONS,
+    NUM_SLOTS,
+    SITE_BLOCK,
+    USER_BLOCK,
+    World,
+)
 from slipstream_rec.data.generated.labels import fit_bias, sigmoid
 
 # Relative standard deviation of each feature's per-id effect in E (assumed; the finest ids and
