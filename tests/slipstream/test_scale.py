@@ -119,9 +119,17 @@ def test_a_resumed_rank_keeps_its_own_random_stream():
     rank2.load_state_dict(saved)
     a, b, c = (torch.rand(64, generator=d._gen) for d in (again, rank1, rank2))
     assert not torch.equal(a, b) and not torch.equal(b, c) and not torch.equal(a, c)
-    assert not torch.equal(
-        torch.rand(64, generator=rank1._neg_gen), torch.rand(64, generator=again._neg_gen)
-    )
+    # The negative downsampler's stream (its own module) follows the same rule.
+    from slipstream_rec.slipstream.downsampling import NegativeDownsampler
+
+    down0 = NegativeDownsampler(0.5, seed=1000)
+    down0.drop_mask(torch.zeros(100))
+    saved_down = down0.state_dict()
+    own, other = NegativeDownsampler(0.5, seed=1000), NegativeDownsampler(0.5, seed=1001)
+    own.load_state_dict(saved_down)
+    other.load_state_dict(saved_down)
+    assert torch.equal(own.drop_mask(torch.zeros(64)), down0.drop_mask(torch.zeros(64)))
+    assert not torch.equal(torch.rand(64, generator=other._gen), torch.rand(64, generator=own._gen))
     # What is not random carries over.
     assert rank1.totals == rank0.totals and rank1.current_window == rank0.current_window
     # Reseeding is reproducible: the same rank loading the same file draws the same numbers.
