@@ -1,0 +1,82 @@
+"""Every number of the headline tables (README, docs/performance.md) equals benchmarks/results/headline.json.
+
+Recomputed here from the file's raw per-seed records (``runs``: train seconds, test AUC, test CTR
+and mean prediction of each arm), not from the ``table`` that benchmarks/headline.py derived, at
+the precision each table quotes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+NUMBER = re.compile(r"[-+]?\d+\.\d+")
+RESULTS = json.loads((ROOT / "benchmarks" / "results" / "headline.json").read_text())["results"]
+
+
+def _rows(doc: str, header: str) -> List[List[str]]:
+    lines = (ROOT / doc).read_text().splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith(header))
+    out = []
+    for row in lines[i + 2 :]:
+        if not row.startswith("|"):
+            break
+        out.append([c.strip() for c in row.strip("|").split("|")])
+    return out
+
+
+def _dataset(cell: str) -> str:
+    return re.match(r"`([a-z_0-9]+)`", cell).group(1)
+
+
+def _arm(runs: Dict[str, List[dict]], arm: str) -> Dict[str, List[float]]:
+    mine, golden, off = runs[arm], runs["golden"], runs["off"]
+    speed = [g["train_seconds"] / a["train_seconds"] for a, g in zip(mine, golden)]
+    d_auc = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, off)]
+    return {
+        "seconds": [statistics.mean(r["train_seconds"] for r in mine)],
+        "speed": [statistics.mean(speed), *speed],
+        "auc": [statistics.mean(r["test_auc"] for r in mine)],
+        "paired": [statistics.mean(d_auc), *d_auc],
+        "calibration": [r["test_predicted_ctr"] / r["test_ctr"] for r in mine],
+    }
+
+
+def _check(cell: str, values: List[float]) -> None:
+    found = NUMBER.findall(cell)
+    assert len(found) == len(values), (cell, values)
+    for text, value in zip(found, values):
+        decimals = len(text.split(".")[1])
+        assert abs(float(text) - value) <= 0.5 * 10**-decimals + 1e-12, (cell, text, value)
+
+
+def test_the_readme_table_quotes_the_results_file():
+    rows = _rows("README.md", "| data | golden loop train s |")
+    assert {_dataset(r[0]) for r in rows} == set(RESULTS)
+    for r in rows:
+        runs = RESULTS[_dataset(r[0])]["runs"]
+        golden, off, defaults = (_arm(runs, a) for a in ("golden", "off", "defaults"))
+        _check(r[1], golden["seconds"])
+        _check(r[2], off["speed"][:1])
+        _check(r[3], defaults["seconds"])
+        _check(r[4], defaults["speed"])
+        _check(r[5], defaults["paired"])
+
+
+def test_the_performance_table_quotes_the_results_file():
+    rows = _rows("docs/performance.md", "| data | run | train s |")
+    assert len(rows) == 3 * len(RESULTS)
+    names = {"golden loop": "golden", "`off` (fp32)": "off", "defaults": "defaults"}
+    for r in rows:
+        runs = RESULTS[_dataset(r[0])]["runs"]
+        arm = names[r[1]]
+        got = _arm(runs, arm)
+        _check(r[2], got["seconds"])
+        _check(r[3].replace("**", ""), got["speed"] if arm != "golden" else [])
+        _check(r[4], got["auc"])
+        _check(r[5].replace("**", ""), got["paired"] if arm != "off" else [])
+        _check(r[6], got["calibration"])
