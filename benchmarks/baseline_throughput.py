@@ -57,11 +57,12 @@ def run_ours(steps: int, batch: int, sharding: str, nproc: int, extra: list[str]
     }
 
 
-def run_golden(data: str, steps: int, batch: int, sharding: str, nproc: int) -> dict:
+def run_golden(data: str, steps: int, batch: int, sharding: str, nproc: int, extra: list[str] = ()) -> dict:
+    """One run of the golden loop (``extra``: more of its arguments, e.g. --seed, --test)."""
     out = _torchrun(
         [
             "benchmarks/torchrec_golden_loop.py", "--data", data, "--steps", str(steps),
-            "--batch-size", str(batch), "--sharding", sharding,
+            "--batch-size", str(batch), "--sharding", sharding, *extra,
         ],
         nproc,
     )

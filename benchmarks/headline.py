@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.slipstream_policies import BIN, run_policy  # noqa: E402
+from benchmarks.baseline_throughput import run_golden as golden_loop  # noqa: E402
+from benchmarks.slipstream_policies import run_policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"golden": None, "off": ["slipstream=off", "trainer.precision=fp32"], "defaults": []}
@@ -53,15 +52,8 @@ def dataset_path(dataset: str, overrides: List[str]) -> Path:
 
 
 def run_golden(data: Path, seed: int, nproc: int, batch: int) -> Dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc),
-           str(ROOT / "benchmarks" / "torchrec_golden_loop.py"), "--data", str(data), "--steps", "0",
-           "--batch-size", str(batch), "--sharding", "auto", "--seed", str(seed), "--test"]  # fmt: skip
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
-    line = [x for x in out.stdout.splitlines() if x.startswith("{")][-1]
-    res = json.loads(line)
+    """One epoch of TorchRec's golden loop with TorchRec's planner, then its test evaluation."""
+    res = golden_loop(str(data), 0, batch, "auto", nproc, ["--seed", str(seed), "--test"])
     res["samples_trained"] = res.pop("samples")
     return res
 

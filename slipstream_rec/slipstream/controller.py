@@ -198,12 +198,13 @@ class SlipstreamController:
         )
         if stream_state is not None:
             self.stream.load_state_dict(stream_state)
-        # All ranks, at every epoch's start (a no-op collective once the rate is decided): the
-        # rule's rate from the labels of the look-ahead, before the first batch is classified.
-        upcoming = self.stream.peek_upcoming(self.cfg.lookahead_batches * self.batch_size)
-        record = self.downsampler.choose_from_labels(None if upcoming is None else upcoming.labels, self.step)
-        if record is not None and self.is_rank0:
-            logger.info("slipstream: negative downsampling at step %d: %s", self.step, record["reason"])
+        if not self.downsampler.decided:  # the same on every rank (config, then checkpoints)
+            # All ranks, once: the rule's rate from the labels of the look-ahead, before the
+            # first batch is classified.
+            upcoming = self.stream.peek_upcoming(self.cfg.lookahead_batches * self.batch_size)
+            record = self.downsampler.choose_from_labels(None if upcoming is None else upcoming.labels, self.step)
+            if record is not None and self.is_rank0:
+                logger.info("slipstream: negative downsampling at step %d: %s", self.step, record["reason"])
         return lockstep(self.stream, on_drop=self._dropped, every=lockstep_every, plan=self.plan)
 
     def _dropped(self, n: int) -> None:

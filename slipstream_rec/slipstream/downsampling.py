@@ -114,46 +114,45 @@ class NegativeDownsampler:
     # ---- the rule (collective, once) ------------------------------------------------------
     def choose_from_labels(self, labels: Optional[torch.Tensor], step: int) -> Optional[Dict[str, Any]]:
         """``auto``: the rule's rate from the click rate of ``labels`` (this rank's upcoming
-        samples, None if it has none) summed over ranks. Collective: every rank calls it once,
-        before its first classification, whether or not the setting is auto (one SUM
-        all-reduce)."""
+        samples, None if it has none) summed over ranks; None once decided. Collective while
+        ``decided`` is False, which is the same on every rank (one SUM all-reduce)."""
+        if self.decided:
+            return None
         local = torch.zeros(2, dtype=torch.float64)
         if labels is not None:
             local[0], local[1] = float(labels.numel()), float(labels.sum())
         n, clicks = all_reduce_(local).tolist()  # all ranks
-        if self.decided:
-            return None
         self.decided = True
         c = clicks / n if n else 0.0
-        self.rate = rate_for_click_rate(c, self.negatives_per_click)
-        kept = (1.0 - self.rate) * (1.0 - c) / c if c > 0 else float("inf")
+        rate = rate_for_click_rate(c, self.negatives_per_click)
+        kept = (1.0 - rate) * (1.0 - c) / c if c > 0 else float("inf")
         reason = (
-            f"click rate {c:.4f} of {int(n)} upcoming samples: rate {self.rate:.2f} keeps "
+            f"click rate {c:.4f} of {int(n)} upcoming samples: rate {rate:.2f} keeps "
             f"{kept:.1f} non-clicks per click (at least negatives_per_click={self.negatives_per_click:g})"
             if n
             else "no upcoming samples: no downsampling"
         )
-        return self._decide("rule", step, self.rate, reason, click_rate=c, samples=int(n))
+        return self._decide("rule", step, rate, reason, click_rate=c, samples=int(n))
 
     # ---- the guard (progressive validation, collective on guard steps) --------------------
     def observe(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Accumulate one trained batch's held-out statistics (its logits come from the forward
-        that trains it). Local, no collective."""
-        z = logits.detach().float().view(-1).cpu() + self.logit_offset()
-        y = labels.detach().float().view(-1).cpu()
+        that trains it). Local, no collective; summed where the logits are, so a GPU step does
+        not wait for a copy to the host (the sums leave the device at the guard step)."""
+        z = logits.detach().double().view(-1) + self.logit_offset()
+        y = labels.detach().double().view(-1).to(z.device)
         p = torch.sigmoid(z)
         pos = y > 0.5
         keep = 1.0 - self.rate  # each trained non-click stands for 1/keep of the log's
-        self._window += torch.tensor(
-            [
-                float(y.numel()),
-                float(pos.sum()),
-                float(((1 - p[pos]) ** 2).sum()),
-                float((p[~pos] ** 2).sum()) / keep,
-                float(p.sum() - p[~pos].sum() * (1 - 1 / keep)),  # predicted clicks in the log
-            ],
-            dtype=torch.float64,
-        )
+        p_pos, p_neg = p[pos], p[~pos]
+        stats = torch.stack([
+            torch.tensor(float(y.numel()), dtype=torch.float64, device=z.device),
+            pos.sum().double(),
+            ((1 - p_pos) ** 2).sum(),
+            (p_neg**2).sum() / keep,
+            p_pos.sum() + p_neg.sum() / keep,  # predicted clicks in the log
+        ])  # fmt: skip
+        self._window = self._window.to(z.device) + stats
 
     def is_guard_step(self, step: int) -> bool:
         return self.guard_steps > 0 and step > 0 and step % self.guard_steps == 0
@@ -162,14 +161,13 @@ class NegativeDownsampler:
         """Measure R over the window since the last guard step and back off if it is too much.
         Collective: every rank calls it on the same guard steps (one SUM all-reduce)."""
         stats = all_reduce_(self._window.clone()).tolist()  # all ranks
-        self._window.zero_()
+        self._window = torch.zeros_like(self._window)
         n, clicks, pos_var, neg_var, predicted = stats
         total = pos_var + neg_var
         share = neg_var / total if total > 0 else 0.0
         negatives_in_log = (n - clicks) / (1.0 - self.rate)
         log_samples = clicks + negatives_in_log
         measured = {
-            "step": step,
             "negative_share": share,
             "added_noise": added_noise(self.rate, share),
             "max_noise": self.max_noise,
@@ -186,20 +184,22 @@ class NegativeDownsampler:
                 else "rate 0: nothing to back off" if self.rate == 0
                 else f"added noise {measured['added_noise']:.4f} <= max_noise {self.max_noise:g}: kept"
             )  # fmt: skip
-            return {**measured, "decision": "guard", "rate_before": self.rate, "rate_after": self.rate, "reason": why}
+            return self._record("guard", step, self.rate, why, **measured)
         new = min(self.rate, rate_within_noise(share, self.max_noise))
         reason = (
             f"added noise {measured['added_noise']:.4f} > max_noise {self.max_noise:g} "
             f"(non-clicks carry {share:.3f} of the gradient's variance): backed off"
         )
-        record = self._decide("guard", step, new, reason, **{k: v for k, v in measured.items() if k != "step"})
-        self.rate = new
-        return record
+        return self._decide("guard", step, new, reason, **measured)
+
+    def _record(self, kind: str, step: int, rate: float, reason: str, **extra: Any) -> Dict[str, Any]:
+        return {**extra, "step": step, "decision": kind, "rate_before": self.rate, "rate_after": rate, "reason": reason}
 
     def _decide(self, kind: str, step: int, rate: float, reason: str, **extra: Any) -> Dict[str, Any]:
-        before = self.rate if kind == "guard" else 0.0
-        record = {**extra, "step": step, "decision": kind, "rate_before": before, "rate_after": rate, "reason": reason}
+        """A decision that sets the rate: recorded, kept in ``decisions`` and applied."""
+        record = self._record(kind, step, rate, reason, **extra)
         self.decisions.append(record)
+        self.rate = rate
         return record
 
     # ---- checkpointing (local) ------------------------------------------------------------
@@ -211,7 +211,7 @@ class NegativeDownsampler:
             "generator": self._gen.get_state(),
             "dropped": self.dropped,
             "decisions": list(self.decisions),
-            "window": self._window.clone(),
+            "window": self._window.cpu(),
             "windows_seen": self._windows_seen,
         }
 

@@ -136,7 +136,7 @@ def _two_ranks(env, click_rates):
     labels = torch.zeros(n)
     labels[: int(click_rates[env.rank] * n)] = 1
     rule = d.choose_from_labels(labels, 0)
-    assert d.choose_from_labels(labels, 0) is None  # decided once: later calls only join the collective
+    assert d.choose_from_labels(labels, 0) is None  # decided once: later calls do nothing
     # the guard: rank 0's non-clicks well predicted, rank 1's not; the decision pools both
     p_neg = 0.001 if env.rank == 0 else 0.3
     z = torch.logit(torch.tensor([0.5] * 50 + [p_neg] * 500).double()) - math.log(1 - d.rate)
