@@ -75,6 +75,10 @@ class TrainerConfig:
     # fresh start if there is none), "never" (fresh; refuses a directory that has checkpoints),
     # or a path (one checkpoint directory, or a checkpoints directory: its newest sound one).
     resume: str = "auto"
+    # Count, per training step, the ops that would make the host wait for a GPU (.item(),
+    # nonzero, unique, ...; training/sync_audit.py) into <run_dir>/sync_audit_rank<r>.json. A
+    # diagnostic: it slows every step; needs pipeline=sparse_dist.
+    sync_audit: bool = False
     # Checkpoint saving (when, how many kept, where).
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -94,6 +98,11 @@ class TrainerConfig:
                 "fp32 or auto with trainer.pipeline=base (bf16 autocast is wired into the sparse_dist pipeline)",
             ),
             ("resume", bool(self.resume), "auto, never or a checkpoint path"),
+            (
+                "sync_audit",
+                not self.sync_audit or self.pipeline is PipelineKind.sparse_dist,
+                "false with trainer.pipeline=base (the audit follows the sparse_dist pipeline's batches)",
+            ),
         ]
         check_fields("trainer", self, checks)
         self.checkpoint.validate()
