@@ -45,7 +45,16 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
                 "trainer.device=cuda but torch sees no GPU (torch.cuda.is_available() is False); "
                 "use trainer.device=auto or cpu"
             )
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        gpus = torch.cuda.device_count()
+        if local_rank >= gpus:
+            # local_rank % gpus would put two ranks on one GPU: each half as fast, and the
+            # planner's memory per device would be wrong
+            raise ValueError(
+                f"local rank {local_rank} but this node has {gpus} visible GPU(s): one rank per "
+                f"GPU. Fix: start at most {gpus} processes per node (--nproc / nproc_per_node), "
+                "or make more GPUs visible (CUDA_VISIBLE_DEVICES)"
+            )
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         return device
     return torch.device("cpu")
@@ -180,7 +189,7 @@ def gather_varlen(
         n = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
         sizes = [torch.zeros_like(n) for _ in range(world)]
         dist.all_gather(sizes, n, group=group)
-        lengths = [int(s.item()) for s in sizes]
+        lengths = torch.cat(sizes).tolist()  # one read (of a device tensor under nccl: a sync)
     assert lengths[dist.get_rank()] == t.numel(), "lengths[rank] is this rank's numel"
     padded = torch.zeros(max(lengths), dtype=t.dtype, device=t.device)
     padded[: t.numel()] = t

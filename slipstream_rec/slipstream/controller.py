@@ -60,7 +60,7 @@ def change_histogram(change: torch.Tensor, lo: float = 1e-6, hi: float = 10.0, b
     values = change[torch.isfinite(change)].clamp(lo, hi)
     edges = torch.logspace(torch.log10(torch.tensor(lo)), torch.log10(torch.tensor(hi)), bins + 1)
     counts = torch.histogram(values.float(), bins=edges.float()).hist if values.numel() else torch.zeros(bins)
-    return {"edges": [round(float(e), 8) for e in edges], "counts": [int(c) for c in counts]}
+    return {"edges": [round(e, 8) for e in edges.tolist()], "counts": [int(c) for c in counts.tolist()]}
 
 
 class SlipstreamController:

@@ -29,7 +29,7 @@ from slipstream_rec.distributed import gather_varlen
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.sharded import ShardUnit
 
-__all__ = ["ServedGradients", "served_rows"]
+__all__ = ["ServedGradients", "served_rows", "unit_cuts"]
 
 
 def served_rows(kjt: KeyedJaggedTensor, index: RowIndex) -> ServedRows:
@@ -114,9 +114,8 @@ class ServedGradients:
         total = torch.zeros(unique.numel(), self.dim, device=all_grads.device)
         total = total.index_add_(0, inverse.to(all_grads.device, non_blocking=True), all_grads) / world
         by_kernel: Dict[int, List[Any]] = {}
-        for unit in units:  # discovery order: a kernel's features in its own order
-            first = int(self.index.offsets[feature_idx[unit.feature]]) + unit.row_offset
-            lo, hi = torch.searchsorted(unique, torch.tensor([first, first + unit.rows])).tolist()
+        firsts, cuts = unit_cuts(units, unique, self.index, feature_idx)
+        for unit, first, (lo, hi) in zip(units, firsts, cuts):  # a kernel's features in its order
             rows = unique[lo:hi] - first
             grad = total[lo:hi, unit.col_offset : unit.col_offset + unit.cols]
             by_kernel.setdefault(id(unit.kernel), [unit.kernel, unit.weights.device, []])[2].append((rows, grad))
@@ -140,6 +139,17 @@ class ServedGradients:
         self._grads = state["grads"].to(device or self.device)
         self._parts = []
         self.pushes, self.rows_pushed = int(state["pushes"]), int(state["rows_pushed"])
+
+
+def unit_cuts(
+    units: List[ShardUnit], keys: torch.Tensor, index: RowIndex, feature_idx: Dict[str, int]
+) -> Any:
+    """Each unit's first flat key, and the [lo, hi) range of the sorted host ``keys`` that falls
+    in its rows: one search and one read for all units."""
+    firsts = [index.offset_list[feature_idx[u.feature]] + u.row_offset for u in units]
+    bounds = torch.tensor([[f, f + u.rows] for f, u in zip(firsts, units)], dtype=torch.int64).view(-1)
+    cuts = torch.searchsorted(keys, bounds).view(-1, 2).tolist() if units else []
+    return firsts, cuts
 
 
 def _apply(kernel: Any, device: torch.device, parts: List[Any]) -> None:

@@ -35,6 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from slipstream_rec.distributed import gather_varlen
 from slipstream_rec.slipstream.classify import per_sample_max_change
+from slipstream_rec.slipstream.push import unit_cuts
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.slipstream.sharded import ShardUnit, flush_caches
 
@@ -87,29 +88,28 @@ class StaleReplica:
         flush_caches(units)  # fused_uvm_caching: the newest values may sit in the GPU cache
         slices: List[List[int]] = []  # [first key position, end, column, width] sent by this rank
         send_values: List[torch.Tensor] = []  # their rows, where the shard is
-        for unit in units:
-            first = int(self.index.offsets[feature_idx[unit.feature]]) + unit.row_offset
-            lo, hi = torch.searchsorted(keys, torch.tensor([first, first + unit.rows])).tolist()
+        local: List[List[int]] = []  # the same for data-parallel rows, copied without sending
+        local_values: List[torch.Tensor] = []
+        firsts, cuts = unit_cuts(units, keys, self.index, feature_idx)
+        for unit, first, (lo, hi) in zip(units, firsts, cuts):
             if hi == lo:
                 continue
-            local = (keys[lo:hi] - first).to(unit.weights.device)
-            rows = unit.weights.index_select(0, local).float()
-            if unit.replicated:
-                values[lo:hi, unit.col_offset : unit.col_offset + unit.cols] = rows.cpu()
-                filled[lo:hi] += unit.cols
-                continue
-            slices.append([lo, hi, unit.col_offset, unit.cols])
-            send_values.append(rows.reshape(-1))
+            rows = unit.weights.index_select(0, (keys[lo:hi] - first).to(unit.weights.device)).float()
+            (local if unit.replicated else slices).append([lo, hi, unit.col_offset, unit.cols])
+            (local_values if unit.replicated else send_values).append(rows.reshape(-1))
+        home = units[0].weights.device if units else torch.device("cpu")  # where the shards are
         mine = torch.tensor(slices, dtype=torch.int64).reshape(-1)
-        sent = torch.cat(send_values) if send_values else torch.zeros(0)
+        sent = torch.cat(send_values) if send_values else torch.zeros(0, device=home)
         self.sync_bytes += mine.numel() * 8 + sent.numel() * 4
         # All ranks: the descriptors (host), then the values they describe (main backend).
         all_slices, counts = gather_varlen(mine, with_lengths=True)
         per_rank = all_slices.view(-1, 4).split([c // 4 for c in counts])
         widths = [int(((s[:, 1] - s[:, 0]) * s[:, 3]).sum()) for s in per_rank]
-        all_values = gather_varlen(sent, lengths=widths, bulk=True).cpu()  # the one copy to the host
+        received = gather_varlen(sent, lengths=widths, bulk=True)
+        # the one copy to the host, of the received and the data-parallel rows together
+        all_values = torch.cat([received.to(home)] + local_values).cpu()
         at = 0
-        for lo, hi, col, width in all_slices.view(-1, 4).tolist():
+        for lo, hi, col, width in all_slices.view(-1, 4).tolist() + local:
             size = (hi - lo) * width
             values[lo:hi, col : col + width] = all_values[at : at + size].view(hi - lo, width)
             filled[lo:hi] += width

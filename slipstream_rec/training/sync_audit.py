@@ -11,16 +11,18 @@ On CPU nothing waits, so ``trainer.sync_audit=true`` counts those ops instead, w
 Each op counted is classified by where its tensors would live on a GPU, by taint: the model's
 parameters and buffers (FBGEMM's weights and optimizer state included) and every batch the
 pipeline copies to the device are *device* tensors, and so is every output of an op with a
-device tensor among its inputs (and every tensor argument of it: what an in-place op or a
-collective writes into). An op with no device tensor among its inputs reads host memory
+device tensor among its inputs (and every argument such an op writes into: in-place ops,
+``out=``, a collective's output buffers). An op with no device tensor among its inputs reads host memory
 only: ``data`` inside the data side (while the pipeline pulls the next batch: loading,
 classifying, splitting, the lock-step flag), ``host`` elsewhere in the step (a flag a gloo
 collective returned, host-side bookkeeping). The others are device syncs, attributed to the
 innermost library frame on the stack: ``torchrec`` (TorchRec's or FBGEMM's own code), ``ours``
 (slipstream_rec) or ``other``. Factory functions (``torch.zeros(...,
 device=...)``) are not tainted: the fake-device test (tests/training/test_fake_device.py) covers
-the tensors a step creates. Host-to-device and device-to-host copies are not counted here either
-(on CPU they are no-ops); the same test covers them.
+the tensors a step creates. A copy of a device tensor to the host with ``.cpu()`` is counted
+(``to_host``) and gives a host tensor (on CPU the call would return the tensor itself);
+``.to(device)`` is not (on CPU the host and the training device are one: our code moves values
+to the host with ``.cpu()``).
 
 Results: ``<run_dir>/sync_audit_rank<r>.json``, per step its kinds (what else ran in it: a counted
 step, a snapshot, a sync, a log line...) and its counts per class (docs/scale.md).
@@ -91,6 +93,17 @@ def _where() -> str:
     return "?"
 
 
+def _written(func: Any, args: tuple, kwargs: dict) -> List[torch.Tensor]:
+    """The tensors ``func`` writes into (its schema's mutable arguments)."""
+    out: List[torch.Tensor] = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+        out += [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    return out
+
+
 def _library_frame() -> str:
     """The class of the innermost frame that is TorchRec's/FBGEMM's or ours (torch's skipped;
     TorchRec's data structures count for their caller)."""
@@ -123,7 +136,7 @@ class _Mode(TorchDispatchMode):
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         tainted = any(audit.is_device(t) for t in inputs)
         if tainted:  # the outputs, and the arguments an op writes into (out=, collectives)
-            audit.taint(inputs)
+            audit.taint(_written(func, args, kwargs))
             audit.taint(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
         if _is_sync(func, args, kwargs):
             audit.count(tainted, str(func.overloadpacket.__name__))
@@ -140,6 +153,8 @@ class SyncAudit:
     def __init__(self, device_tensors: Iterable[torch.Tensor] = ()) -> None:
         # keyed by identity (a WeakSet would compare tensors with ==, elementwise)
         self._device = WeakTensorKeyDictionary()
+        self._storages: set = set()  # storage addresses of the model's own tensors
+        self._held: List[torch.Tensor] = []
         self.taint(device_tensors)
         self.active = False
         self.in_data = False  # inside the data side (``data_side``)
@@ -148,6 +163,7 @@ class SyncAudit:
         self.steps: List[Dict[str, Any]] = []
         self._mode: Optional[_Mode] = None
         self._tolist: Any = None
+        self._cpu: Any = None
 
     # ---- taint ------------------------------------------------------------------------------
     def taint(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -155,12 +171,25 @@ class SyncAudit:
             self._device[t] = True
 
     def is_device(self, t: torch.Tensor) -> bool:
-        return t in self._device or (t._base is not None and t._base in self._device)
+        if t in self._device or (t._base is not None and t._base in self._device):
+            return True
+        return t.numel() > 0 and _storage(t) in self._storages
 
     def taint_module(self, module: torch.nn.Module) -> None:
-        """Every parameter and buffer of ``module``: what lives on the training device."""
-        self.taint(module.parameters())
-        self.taint(module.buffers())
+        """Every parameter and buffer of ``module`` and its submodules: what lives on the
+        training device (read from each module's own registry: TorchRec's sharded modules
+        present their parameters differently, FBGEMM's weights and optimizer state included)."""
+        for m in _all_modules(module):
+            for t in [*m._parameters.values(), *m._buffers.values()]:
+                if t is not None:
+                    self.taint([t])
+                    # views of it made outside any op (FBGEMM's split_embedding_weights); an
+                    # empty tensor has no storage to tell it by
+                    if t.numel():
+                        self._storages.add(_storage(t))
+                        # held, so that the address is never reused for another tensor while
+                        # the audit runs (a module may replace a buffer)
+                        self._held.append(t)
 
     def taint_batch(self, batch: Any) -> None:
         """A batch as the pipeline copied it to the device: every tensor its ``to()`` moves (a
@@ -212,12 +241,26 @@ class SyncAudit:
             return original(t)
 
         torch.Tensor.tolist = tolist  # type: ignore[method-assign]
+        self._cpu = torch.Tensor.cpu
+
+        def to_host(t: torch.Tensor, out: torch.Tensor, op: str) -> torch.Tensor:
+            # A copy of a device tensor to the host waits for the device (on CPU the call
+            # returns the same tensor: cloned here so that the host copy is a host tensor).
+            if not (audit.active and out.device.type == "cpu" and audit.is_device(t)):
+                return out
+            audit.count(True, op)
+            with audit.paused():
+                return out.clone()
+
+        cpu = self._cpu
+        torch.Tensor.cpu = lambda t, *a, **k: to_host(t, cpu(t, *a, **k), "to_host")  # type: ignore[method-assign]
         self.active = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.active = False
         torch.Tensor.tolist = self._tolist  # type: ignore[method-assign]
+        torch.Tensor.cpu = self._cpu  # type: ignore[method-assign]
         assert self._mode is not None
         self._mode.__exit__(*exc)
         self._mode = None
@@ -239,6 +282,34 @@ class SyncAudit:
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps({"classes": list(CLASSES), "steps": self.steps}, indent=1))
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage (e.g. a fake tensor)
+        return -1
+
+
+def _all_modules(root: torch.nn.Module) -> List[torch.nn.Module]:
+    """Every module reachable from ``root``: its submodules, and modules kept in plain lists,
+    tuples and dicts (TorchRec's sharded modules keep their lookups, with FBGEMM's kernels, in a
+    list, out of ``modules()``)."""
+    seen: Dict[int, torch.nn.Module] = {}
+    todo: List[Any] = [root]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, torch.nn.Module):
+            if id(obj) in seen:
+                continue
+            seen[id(obj)] = obj
+            todo.extend(obj._modules.values())
+            todo.extend(v for v in vars(obj).values() if isinstance(v, (list, tuple, dict)))
+        elif isinstance(obj, (list, tuple)):
+            todo.extend(v for v in obj if isinstance(v, (torch.nn.Module, list, tuple, dict)))
+        elif isinstance(obj, dict):
+            todo.extend(v for v in obj.values() if isinstance(v, (torch.nn.Module, list, tuple, dict)))
+    return list(seen.values())
 
 
 def _tensors_of(obj: Any) -> Any:

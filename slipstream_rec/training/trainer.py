@@ -226,6 +226,7 @@ class Trainer:
         self._last_save_train_s = 0.0  # train seconds at the last checkpoint
         self._last_save_step = -1
         self.resumed_from: Optional[Dict[str, Any]] = None
+        self._reattach_step = -1  # the step after an evaluation or a quality check's scoring
         self.faults = FaultInjector.from_env(env.rank)
         slipstream.scorer = self.score
         # trainer.sync_audit: count the ops of each step that would wait for a GPU (sync_audit.py)
@@ -246,6 +247,7 @@ class Trainer:
         it (Slipstream's quality check). Collective (the sharded forward): all ranks call it at
         the same step. The pipeline is paused like for an evaluation and resumes on its next step."""
         model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
+        self._reattach_step = self.state.step + 1
         was_training = model.training
         model.eval()
         try:
@@ -262,6 +264,8 @@ class Trainer:
         """What ran in ``step`` besides training (the sync audit's classes of steps)."""
         c = self.cfg
         kinds = self.slipstream.step_kinds(step)
+        if step == self._reattach_step:  # TorchRec's pipeline re-attaches after a detach
+            kinds.append("reattach")
         if step % c.log_every_steps == 0:
             kinds.append("log")
         if c.checkpoint.enabled and c.checkpoint.every_minutes and step % c.checkpoint.check_every_steps == 0:
@@ -510,6 +514,7 @@ class Trainer:
         """Pause the pipeline (its in-flight batches are kept), evaluate, resume on next step."""
         t0 = time.perf_counter()
         model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
+        self._reattach_step = self.state.step + 1
         result = evaluate(model, loader, self.env.device, self.slipstream.eval_logit_offset())
         self.state.eval_seconds += time.perf_counter() - t0
         record = {"split": split, "samples_trained": self.state.samples_trained, **result}
