@@ -165,6 +165,7 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         log,
         slipstream,
         checkpointer,
+        run_dir=run_dir,
     )
     try:
         if resume is not None:

@@ -24,6 +24,9 @@ the tensors a step creates. A copy of a device tensor to the host with ``.cpu()`
 ``.to(device)`` is not (on CPU the host and the training device are one: our code moves values
 to the host with ``.cpu()``).
 
+On a GPU the audit also turns on ``torch.cuda.set_sync_debug_mode("warn")`` and counts, per step,
+the warnings CUDA itself raises for each synchronizing call (``cuda_syncs``): what really waited.
+
 Results: ``<run_dir>/sync_audit_rank<r>.json``, per step its kinds (what else ran in it: a counted
 step, a snapshot, a sync, a log line...) and its counts per class (docs/scale.md).
 """
@@ -34,6 +37,7 @@ import contextlib
 import json
 import os
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional
@@ -150,7 +154,11 @@ class SyncAudit:
     checkpoint); ``end_step(step, kinds)`` closes the running step's counts.
     """
 
-    def __init__(self, device_tensors: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, device_tensors: Iterable[torch.Tensor] = (), cuda: bool = False) -> None:
+        # cuda: also count CUDA's own sync warnings (set_sync_debug_mode), on a GPU run
+        self.cuda = cuda
+        self._warnings: Optional[List[Any]] = None
+        self._catcher: Any = None
         # keyed by identity (a WeakSet would compare tensors with ==, elementwise)
         self._device = WeakTensorKeyDictionary()
         self._storages: set = set()  # storage addresses of the model's own tensors
@@ -254,6 +262,11 @@ class SyncAudit:
 
         cpu = self._cpu
         torch.Tensor.cpu = lambda t, *a, **k: to_host(t, cpu(t, *a, **k), "to_host")  # type: ignore[method-assign]
+        if self.cuda:
+            self._catcher = warnings.catch_warnings(record=True)
+            self._warnings = self._catcher.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
         self.active = True
         return self
 
@@ -261,6 +274,10 @@ class SyncAudit:
         self.active = False
         torch.Tensor.tolist = self._tolist  # type: ignore[method-assign]
         torch.Tensor.cpu = self._cpu  # type: ignore[method-assign]
+        if self._catcher is not None:
+            torch.cuda.set_sync_debug_mode("default")
+            self._catcher.__exit__(*exc)
+            self._catcher = self._warnings = None
         assert self._mode is not None
         self._mode.__exit__(*exc)
         self._mode = None
@@ -268,16 +285,23 @@ class SyncAudit:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         was, self.active = self.active, False
+        seen = len(self._warnings) if self._warnings is not None else 0
         try:
             yield
         finally:
             self.active = was
+            if self._warnings is not None:  # CUDA's warnings of the stretch left out too
+                del self._warnings[seen:]
 
     def end_step(self, step: int, kinds: Iterable[str]) -> None:
-        self.steps.append({
+        record = {
             "step": step, "kinds": sorted(set(kinds)),
             "counts": {c: self._counts.get(c, 0) for c in CLASSES}, "ops": dict(self._ops),
-        })  # fmt: skip
+        }  # fmt: skip
+        if self._warnings is not None:
+            record["cuda_syncs"] = sum("synchroniz" in str(w.message) for w in self._warnings)
+            self._warnings.clear()
+        self.steps.append(record)
         self._counts, self._ops = Counter(), Counter()
 
     def write(self, path: Path) -> None:

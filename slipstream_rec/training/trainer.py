@@ -8,6 +8,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional
 
@@ -34,6 +35,7 @@ from slipstream_rec.training.embedding_traffic import (
 )
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
+from slipstream_rec.training.profiling import StepProfiler
 from slipstream_rec.training.sync_audit import SyncAudit
 
 logger = logging.getLogger(__name__)
@@ -203,6 +205,7 @@ class Trainer:
         log: MetricLog,
         slipstream: SlipstreamController,
         checkpointer: Optional[Checkpointer] = None,
+        run_dir: Optional[Path] = None,
     ) -> None:
         self.cfg = cfg
         self.env = env
@@ -232,9 +235,14 @@ class Trainer:
         # trainer.sync_audit: count the ops of each step that would wait for a GPU (sync_audit.py)
         self.audit: Optional[SyncAudit] = None
         if cfg.sync_audit:
-            self.audit = SyncAudit()
+            self.audit = SyncAudit(cuda=env.device.type == "cuda")
             self.audit.taint_module(model)
             self.audit.attach(self.pipeline)
+        # trainer.profile_steps: a torch.profiler trace of steps from the middle of the run
+        self.profiler = StepProfiler(
+            cfg.profile_steps, self.total_steps() // 2, Path(run_dir or ".") / "profile", env.rank,
+            env.device.type == "cuda",
+        )  # fmt: skip
         if slipstream.cfg.serves:
             # load_config refuses serve with another pipeline (slipstream_rec/config.py)
             assert isinstance(self.pipeline, TimedTrainPipelineSparseDist), "serve needs sparse_dist"
@@ -351,8 +359,11 @@ class Trainer:
         st = self.state
         total = self.total_steps()
         global_batch = self.cfg.batch_size * self.env.world_size
-        with self.audit if self.audit is not None else contextlib.nullcontext():
-            self._fit_epochs(total, global_batch)
+        try:
+            with self.audit if self.audit is not None else contextlib.nullcontext():
+                self._fit_epochs(total, global_batch)
+        finally:
+            self.profiler.close()
         return st
 
     def _fit_epochs(self, total: int, global_batch: int) -> None:
@@ -373,6 +384,7 @@ class Trainer:
             self._paused_before = st.eval_seconds + st.checkpoint_seconds
             window_start, window_step = self._epoch_start, st.step
             while True:
+                self.profiler.before_step(st.step + 1)
                 try:
                     loss, logits, labels, _weights = self.pipeline.progress(batches)
                 except StopIteration:
@@ -419,6 +431,7 @@ class Trainer:
                     window_start = time.perf_counter()
                 if self.audit is not None:
                     self.audit.end_step(st.step, self._step_kinds(st.step))
+                self.profiler.after_step(st.step)
                 self.faults.after_step(st.step)
             if self.env.device.type == "cuda":
                 torch.cuda.synchronize(self.env.device)  # count the queued kernels too

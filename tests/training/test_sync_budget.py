@@ -50,13 +50,13 @@ TORCHREC_PLAIN = 2
 HOST_PLAIN = 45
 
 
-def _audit(tmp_path: Path, data_root: Path, policy: str) -> list:
+def _audit(tmp_path: Path, data_root: Path, policy: str, *extra: str) -> list:
     run_dir = tmp_path / policy
     _run([
         str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "slipstream_rec.train",
         "experiment=clicklog_quick", f"slipstream={policy}", f"data.root={data_root}",
         f"trainer.run_dir={run_dir}", "trainer.progress_bar=false", "trainer.tensorboard=false",
-        "trainer.checkpoint.enabled=false", "trainer.test_at_end=false", "trainer.sync_audit=true",
+        "trainer.checkpoint.enabled=false", "trainer.test_at_end=false", "trainer.sync_audit=true", *extra,
     ])  # fmt: skip
     return [json.loads((run_dir / f"sync_audit_rank{r}.json").read_text())["steps"] for r in range(2)]
 
@@ -73,7 +73,13 @@ def data_root(tmp_path_factory) -> Path:
 def test_a_step_makes_no_device_sync_of_ours_and_stays_within_the_golden_loops_budget(
     tmp_path, data_root, policy, total_budget
 ):
-    for rank, steps in enumerate(_audit(tmp_path, data_root, policy)):
+    # off also writes a short profiler trace (trainer.profile_steps), from the middle of the run
+    extra = ["trainer.profile_steps=2"] if policy == "off" else []
+    for rank, steps in enumerate(_audit(tmp_path, data_root, policy, *extra)):
+        if extra:
+            trace = json.loads((tmp_path / policy / "profile" / f"trace_rank{rank}.json").read_text())
+            names = {e.get("name", "") for e in trace["traceEvents"]}
+            assert any("forward" in n for n in names) and any("optimizer" in n for n in names), sorted(names)[:50]
         steady = [s for s in steps if s["step"] >= FIRST]
         assert len(steady) >= 80, (rank, len(steady))
         kinds_seen = set()
