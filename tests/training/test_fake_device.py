@@ -102,3 +102,18 @@ def test_lookup_counting_and_the_rows_updated_measure_read_nothing_back():
     fake = SimpleNamespace(units=[unit], _rows_sum=0, _rows_measured=0)
     SlipstreamShardedEBC._measure_rows_updated(fake, [kjt])  # type: ignore[arg-type]
     assert fake._rows_measured == 1 and fake._rows_sum.is_meta
+
+
+def test_batches_carry_their_lengths_per_key_so_torchrec_reads_nothing_back(tmp_path):
+    # TorchRec's input dist asks a KJT for its lengths per key; one moved to the device without
+    # them would sum its lengths there and read the sums back. On meta that read raises.
+    from slipstream_rec.data.loader import NpyBatchLoader
+    from tests.data.test_loader import write_dataset
+
+    split = _served_batch(_server_on(META))  # select_kjt's KJTs: the sharded and the served part
+    (loaded, *_) = list(NpyBatchLoader(write_dataset(tmp_path / "d", {"train": 64}), "train", batch_size=16, train=True))
+    for kjt in (split.sparse_features, split.served_features, loaded.sparse_features):
+        per_key = kjt.lengths().view(len(kjt.keys()), -1).sum(1).tolist()
+        moved = kjt.to(META)
+        assert moved.length_per_key() == per_key
+        assert moved.offset_per_key() == [sum(per_key[:i]) for i in range(len(per_key) + 1)]
