@@ -5,9 +5,9 @@ Real 2-process trainings of ``experiment=clicklog_quick`` (200 steps) with
 every rank. Each budget is written here with why every sync that remains must be there.
 
 The golden loop, counted by the same audit (``benchmarks/torchrec_golden_loop.py --sync-audit``,
-same data, batch 1024, TorchRec's planner; measured 2026-12-01, docs/scale.md), spends per step
-1.0 device sync in TorchRec's own code (a KJT's lengths per key read in its input dist) and 51.0
-host reads (the CPU step counters of torch's Adagrad and of the fused optimizers), 52.0 in all.
+same data, batch 1024, TorchRec's planner; ``benchmarks/sync_audit.py``, 2026-12-01,
+docs/scale.md), spends per step no device sync and 52.0 host reads (the CPU step counters of
+torch's Adagrad and of the fused optimizers).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ OURS_PER_KIND = {
     "reattach": 0,  # the step after the pipeline was detached (evaluation, quality check)
 }
 COUNT_MERGES_PER_STEP = 3.0  # the mean of ours over the counted steps (26 units / 16, and the choice)
-# TorchRec's own device syncs per plain step: 1 in the golden loop's table-wise input dist; our
-# plan (row-wise + data-parallel) adds the row-wise bucketize's lengths per key.
+# TorchRec's own device syncs per plain step: none in the golden loop's table-wise plan; ours
+# (row-wise + data-parallel) reads the row-wise bucketize's lengths per key (1; 2 was measured
+# before the audit followed only the arguments an op writes into).
 TORCHREC_PLAIN = 2
 # Host reads outside the data side per plain step: the optimizers' CPU step counters (torch's
 # Adagrad per dense parameter, TorchRec's RowWiseAdagrad for the data-parallel tables, FBGEMM's
