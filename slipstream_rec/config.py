@@ -147,6 +147,10 @@ def _explain(error: Exception) -> str:
     # The innermost message says what is wrong with the value; its first line is enough.
     what = next((m.splitlines()[0].strip() for m in reversed(messages) if m), type(error).__name__)
     where = f"{key}: " if key and key not in what else ""
+    value = next((m.group(1) for m in map(_INVALID_VALUE.search, messages) if m), None)
+    related = _RELATED_KEYS.get((key, value))
+    if related:
+        return f"invalid configuration: {where}{what.rstrip('.')}. Fix: {related}"
     return (
         f"invalid configuration: {where}{what.rstrip('.')}. Fix: check the value against "
         "`slipstream-train --cfg` (every key and its value) and the field's comment in "
@@ -155,6 +159,14 @@ def _explain(error: Exception) -> str:
 
 
 _FULL_KEY = re.compile(r"full_key: (\S+)")
+_INVALID_VALUE = re.compile(r"Invalid value '([^']*)'")
+# A value that is valid for another key the user most likely meant: the fix names that key.
+_RELATED_KEYS = {
+    ("trainer.precision", "fp16"): (
+        "fp16 is the storage type of the embedding rows: model.embedding_dtype=fp16 (docs/scale.md; "
+        "the README's bf16 / fp16); trainer.precision sets the dense arithmetic: fp32, bf16 or auto"
+    ),
+}
 
 
 def group_options(group: str) -> List[str]:

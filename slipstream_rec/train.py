@@ -82,7 +82,12 @@ def _cfg_argument(argv: List[str]) -> List[str]:
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = _Parser(
         prog="slipstream-train",
-        description="Sharded TorchRec DLRM training with Slipstream stale-embedding skipping.",
+        # Not "skipping": the default preset (slipstream=serve) drops no input; the README's
+        # "What and why" says the same, and tests/test_docs.py holds the two together.
+        description="Sharded TorchRec DLRM training with Slipstream (arXiv 2404.04270): inputs that "
+        "read only stale embedding rows are served from a local replica of those rows by default "
+        "(slipstream=serve, nothing skipped) or skipped (slipstream=paper_plus); slipstream=off is "
+        "the baseline.",
         epilog=USAGE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
