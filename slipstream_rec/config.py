@@ -128,8 +128,22 @@ def to_yaml(job: JobConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(job))
 
 
+# Where a run is written and what it continues from, not how it trains: left out of the hash, so
+# that a resume into a new trainer.run_dir (the finished-run refusal's advice) is not taken for
+# "another configuration".
+LOCATION_KEYS = ("trainer.run_dir", "trainer.resume", "trainer.checkpoint.dir")
+
+
 def config_hash(job: JobConfig) -> str:
-    return hashlib.sha256(to_yaml(job).encode()).hexdigest()[:16]
+    """The training configuration's hash (``LOCATION_KEYS`` excluded)."""
+    tree = OmegaConf.to_container(OmegaConf.structured(job), enum_to_str=True)
+    for key in LOCATION_KEYS:
+        *parents, last = key.split(".")
+        node = tree
+        for p in parents:
+            node = node[p]
+        node.pop(last)
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(tree)).encode()).hexdigest()[:16]
 
 
 def _explain(error: Exception) -> str:

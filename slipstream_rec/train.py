@@ -157,9 +157,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         from slipstream_rec.self_check import main as self_check
 
         return self_check()
-    from slipstream_rec.cli_errors import run_cli
+    from slipstream_rec.cli_errors import emit_error_line, run_cli
+    from slipstream_rec.interrupt import EXIT_INTERRUPTED, Interrupted, install
 
-    return run_cli("slipstream-train", lambda: _compose_check_run(args, is_rank0), args.debug)
+    install()
+    try:
+        return run_cli("slipstream-train", lambda: _compose_check_run(args, is_rank0), args.debug)
+    except Interrupted as e:  # Ctrl-C: where it stopped and how to go on, not a traceback
+        emit_error_line(f"slipstream-train: {e.line()}")
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before the job ran (composing, checking, starting)
+        emit_error_line("slipstream-train: interrupted before training started (nothing was trained)")
+        return EXIT_INTERRUPTED
 
 
 def _compose_check_run(args: argparse.Namespace, is_rank0: bool) -> int:
@@ -177,15 +186,15 @@ def _compose_check_run(args: argparse.Namespace, is_rank0: bool) -> int:
             "Hydra app (no outputs/, no Hydra logging, no multirun), so there is no Hydra config "
             "to show. Fix: --cfg (or --cfg job) prints the job config"
         )
+    check_before_start(job, world_size)  # --cfg too: it shows a config the run would accept
     if args.cfg:
         if is_rank0:
             print(cfg_listing(job, args.overrides, everything=args.cfg == "all"), end="")
         return 0
-    check_before_start(job, world_size)
     if args.nproc is not None:  # checked once, here; then the ranks (which check again, quietly)
         from slipstream_rec.launcher import launch
 
-        return launch(args.nproc, args.max_restarts, args.overrides)
+        return launch(args.nproc, args.max_restarts, args.overrides, job)
 
     from slipstream_rec.cli_errors import emit_error_line
     from slipstream_rec.distributed import close_distributed, explain_collective_failure, init_distributed
