@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
 
@@ -26,9 +26,20 @@ def _on_sigint(signum, frame) -> None:  # noqa: ARG001 - signal handler signatur
     raise KeyboardInterrupt
 
 
-def install() -> None:
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not under a test runner's own
+def install() -> Any:
+    """Our SIGINT handler in place of Python's default one (a SIGINT ignored by the parent, or
+    someone else's handler, stays); returns the previous handler for ``restore``."""
+    global _received
+    _received = False
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
+    return previous
+
+
+def restore(previous: Any) -> None:
+    if signal.getsignal(signal.SIGINT) is _on_sigint:
+        signal.signal(signal.SIGINT, previous)
 
 
 def received() -> bool:

@@ -94,7 +94,10 @@ def launch(nproc: int, max_restarts: int, overrides: List[str], job: Optional["J
 
     # torch's agent logs every failure and shutdown at WARNING / ERROR and prints a banner when
     # it sets OMP_NUM_THREADS: the ranks' own lines say what happened.
-    for name in ("torch.distributed", "torch.distributed.elastic", "torch.distributed.run"):
+    # Elastic's modules set their own loggers' levels (LOGLEVEL, WARNING by default), so the
+    # parents' level is not enough: every torch.distributed logger imported so far is silenced.
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed")]
+    for name in ("torch.distributed", "torch.distributed.elastic", "torch.distributed.run", *names):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for N > 1, without its banner
     # The launcher holds the run directory for its ranks (and their restarts): they carry its

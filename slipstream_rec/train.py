@@ -26,7 +26,8 @@ field (every key and its value: --cfg). Examples:
   slipstream-train --self-check      # is the torch/fbgemm/torchrec stack the pinned one, and does it load?
   torchrun --nnodes 2 --nproc_per_node 8 ... -m slipstream_rec.train OVERRIDES   # many nodes
 A bad config value, missing path or unreadable input is one line and exit code 2 (--debug or
-HYDRA_FULL_ERROR=1: the traceback); a lost or stuck rank is exit code 3.
+HYDRA_FULL_ERROR=1: the traceback); a lost or stuck rank is exit code 3; Ctrl-C is exit code 130
+(one line: the step, the last checkpoint, how to resume).
 """
 
 
@@ -111,8 +112,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--cfg",
         choices=CFG_KINDS,
         metavar="[job]",
-        help="print the option chosen in each group and the composed, validated config, and exit, "
-        "touching no data and no run directory (`job`: the keys this job reads; `all`: every key, "
+        help="run the checks a run runs before it starts, print the option chosen in each group and "
+        "the composed, validated config, and exit, touching no data and no run directory (`job`: the keys this job reads; `all`: every key, "
         "the unused data sources' settings too; there is no Hydra runtime config: this program "
         "uses Hydra only to compose)",
     )
@@ -158,9 +159,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         return self_check()
     from slipstream_rec.cli_errors import emit_error_line, run_cli
-    from slipstream_rec.interrupt import EXIT_INTERRUPTED, Interrupted, install
+    from slipstream_rec.interrupt import EXIT_INTERRUPTED, Interrupted, install, restore
 
-    install()
+    previous = install()
     try:
         return run_cli("slipstream-train", lambda: _compose_check_run(args, is_rank0), args.debug)
     except Interrupted as e:  # Ctrl-C: where it stopped and how to go on, not a traceback
@@ -169,6 +170,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:  # before the job ran (composing, checking, starting)
         emit_error_line("slipstream-train: interrupted before training started (nothing was trained)")
         return EXIT_INTERRUPTED
+    finally:
+        restore(previous)
 
 
 def _compose_check_run(args: argparse.Namespace, is_rank0: bool) -> int:

@@ -367,3 +367,42 @@ def test_a_schema_list_given_as_text_shows_the_list_it_meant(workdir, capsys):
     line = one_error_line(capsys, "slipstream-data tabular")
     assert "clicks.yaml: dense_columns is the text 'price, views', not a list. Fix: dense_columns: [price, views]" in line
     assert "AnyNode" not in line
+
+
+# -- what a new user tripped on (issue 32) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, rate", [("0", 0.0), ("0.0", 0.0), ("auto", "auto")])
+def test_negative_downsampling_takes_a_whole_number_as_the_rate(workdir, value, rate):
+    """The docs write `negative_downsampling=0` (none): the int 0 is the rate 0.0, not a type error."""
+    from slipstream_rec.config import load_config
+
+    got = load_config([f"slipstream.negative_downsampling={value}"]).slipstream.negative_downsampling
+    assert got == rate and type(got) is type(rate)
+
+
+def test_negative_downsampling_one_names_the_range_not_the_type(workdir, capsys):
+    line = train_fails(capsys, "slipstream.negative_downsampling=1")
+    assert "slipstream.negative_downsampling=1.0 is invalid" in line and "[0, 1)" in line
+    assert "type hint" not in line
+    nothing_written(workdir)
+
+
+def test_an_error_shows_an_enum_as_the_value_the_user_wrote(workdir, capsys):
+    line = train_fails(capsys, "trainer.precision=bf16", "trainer.pipeline=base")
+    assert "trainer.precision=bf16 is invalid" in line and "<Precision" not in line
+
+
+def test_precision_fp16_points_to_the_embedding_dtype(workdir, capsys):
+    line = train_fails(capsys, "trainer.precision=fp16")
+    assert "Fix:" in line and "model.embedding_dtype=fp16" in line
+    from slipstream_rec.config import load_config
+
+    assert load_config(["model.embedding_dtype=fp16"]).model.embedding_dtype.value == "fp16"  # the fix works
+
+
+def test_cfg_runs_the_checks_the_run_runs(workdir, capsys):
+    assert train.main(["--cfg", "data.path=data/clicks"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no config printed for a run that would be refused
+    assert err.count("\n") == 1 and "data.path=data/clicks is only read with data.source=npy" in err
