@@ -333,9 +333,13 @@ def test_readme_three_commands_take_a_csv_to_a_report(tmp_path):
     assert csv.read_text().splitlines()[: len(sample.text.splitlines())] == sample.text.splitlines()
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMP_NUM_THREADS="1")
     env.pop("HYDRA_FULL_ERROR", None)
+    printed = []
     for line in commands:
         r = subprocess.run(shlex.split(line), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{line}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+        printed += [l.removeprefix("train with: ") for l in r.stdout.splitlines() if l.startswith("train with: ")]
+    # the README's train command is the one slipstream-data printed, with the run directory added
+    assert printed and f"{printed[0]} trainer.run_dir=runs/clicks" == commands[1], (printed, commands[1])
     summaries = list(tmp_path.glob("runs/*/summary.json"))
     assert len(summaries) == 1
     summary = json.loads(summaries[0].read_text())
@@ -345,10 +349,9 @@ def test_readme_three_commands_take_a_csv_to_a_report(tmp_path):
 
     meta = load_meta(tmp_path / "data" / "clicks")
     assert meta.rows == {"train": 5400, "val": 300, "test": 300}
-    from slipstream_rec.training.config import TrainerConfig
-
-    batch = TrainerConfig().batch_size  # the default: 5400 rows give full batches of it
-    assert summary["steps"] == summary["epochs"] * (meta.rows["train"] // batch) > 0
+    batch = 256  # the README's command: 5400 rows give 21 full batches of it
+    assert summary["batch_size_per_rank"] == batch
+    assert summary["steps"] == summary["epochs"] * (meta.rows["train"] // batch) == 21
     assert summary["samples_seen"] == summary["samples_trained"] == summary["steps"] * batch
     reports = list(tmp_path.glob("reports/*/report.html"))
     assert len(reports) == 1 and format(summary["test_auc"], ".4f") in reports[0].read_text()

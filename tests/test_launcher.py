@@ -45,7 +45,7 @@ def test_the_batch_check_uses_the_launched_world_size(tmp_path):
     path = write_dataset(tmp_path / "d", {"train": 300, "val": 40, "test": 40})
     r = _train(tmp_path, "--nproc", "2", "data.source=npy", f"data.path={path}", "trainer.batch_size=200")
     assert r.returncode == 2
-    assert "Fix: trainer.batch_size=150 or smaller" in _the_one_error_line(r)  # 300 rows / 2 ranks
+    assert "Fix: trainer.batch_size=4 (37 steps per epoch; at most 150 fits)" in _the_one_error_line(r)  # 300 rows / 2 ranks
 
 
 def test_an_error_on_every_rank_is_printed_once(tmp_path):
