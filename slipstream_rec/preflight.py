@@ -126,7 +126,7 @@ def policy_cannot_act(job: JobConfig, total_steps: int) -> Optional[str]:
     if s.policy.skips and getattr(getattr(s, "action", None), "value", "skip") == "serve":
         act = "serves no stale input from its replica"
     return (
-        f"slipstream={s.policy.value} {act} in this run: it trains {total_steps} steps and the "
+        f"{s.chosen} {act} in this run: it trains {total_steps} steps and the "
         f"policy acts from step {first} on ({why}). Fix: scale the policy to the run ({scaled}), "
         "train longer (trainer.epochs), or slipstream=off"
     )

@@ -59,7 +59,7 @@ def test_two_ranks_train_and_end_with_rank_0s_result_line(tmp_path):
     r = _train(tmp_path, "--nproc", "2", *SMOKE, "trainer.run_dir=runs/two")
     assert r.returncode == 0, r.stderr[-3000:]
     last = r.stdout.strip().splitlines()[-1]
-    assert last.startswith("done: policy=off ") and "summary=runs/two/summary.json" in last
+    assert last.startswith("done: slipstream=off ") and "summary=runs/two/summary.json" in last
     assert r.stdout.count("done: ") == 1  # rank 0 only
     assert json.loads((tmp_path / "runs" / "two" / "summary.json").read_text())["world_size"] == 2
 

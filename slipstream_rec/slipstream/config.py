@@ -51,6 +51,10 @@ class ChangeMetric(Enum):
 class SlipstreamConfig:
     """Selects and tunes the Slipstream policy. Steps are training steps (global batches)."""
 
+    # The conf/slipstream/ option these settings came from (each file sets its own name): what
+    # messages call the policy, since one policy has several presets (serve and paper_plus are
+    # both policy paper_plus; negative_sampling is policy random). "": none chosen.
+    preset: str = ""
     # off, track_only, paper, paper_plus or random (the control).
     policy: Policy = Policy.off
     # What paper / paper_plus do with an input whose lookups are all stale: skip (drop it) or
@@ -245,6 +249,13 @@ class SlipstreamConfig:
                 ("quality_check", not self.quality_check, f"false with {why}: it steers how many inputs are dropped"),
             ]  # fmt: skip
         check_fields("slipstream", self, checks)
+
+    @property
+    def chosen(self) -> str:
+        """``slipstream=<preset>`` as the user chose it, with the policy where its name differs
+        (``slipstream=serve (policy paper_plus)``)."""
+        name = self.preset or self.policy.value
+        return f"slipstream={name}" + (f" (policy {self.policy.value})" if name != self.policy.value else "")
 
     @property
     def skips(self) -> bool:
