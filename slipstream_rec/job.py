@@ -25,8 +25,8 @@ from slipstream_rec.distributed import DistEnv, all_gather_objects, broadcast_ob
 from slipstream_rec.interrupt import Interrupted, resume_overrides
 from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
 from slipstream_rec.optim import build_optimizer, fuse_embedding_optimizer
-from slipstream_rec.resume_rules import check_trains_something, config_changes
 from slipstream_rec.preflight import fixed_run_dir, policy_cannot_act
+from slipstream_rec.resume_rules import check_trains_something, config_changes
 from slipstream_rec.sharding.plan import describe_plan, shard_model
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.metric_log import MetricLog, write_json_atomic
@@ -172,7 +172,8 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
     resume = checkpointer.find(tr.resume)  # all ranks
     if resume is not None and env.is_rank0 and resume.manifest.get("config_hash") != config_hash(job):
         changes = config_changes(resume.path, job)
-        if changes != []:  # [] : only a key the old hash still held (e.g. the run directory)
+        # [] when only a location key differs (a checkpoint hashed before they were left out)
+        if changes != []:
             logger.warning(
                 "resuming %s, written with another configuration (%s): the new one applies "
                 "from step %d on", resume.path,

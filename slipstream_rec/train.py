@@ -112,10 +112,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--cfg",
         choices=CFG_KINDS,
         metavar="[job]",
-        help="run the checks a run runs before it starts, print the option chosen in each group and "
-        "the composed, validated config, and exit, touching no data and no run directory (`job`: the keys this job reads; `all`: every key, "
-        "the unused data sources' settings too; there is no Hydra runtime config: this program "
-        "uses Hydra only to compose)",
+        help="run the checks a run runs before it starts, print the option chosen in each group "
+        "and the composed, validated config, and exit, touching no data and no run directory "
+        "(`job`: the keys this job reads; `all`: every key, the unused data sources' settings too; "
+        "there is no Hydra runtime config: this program uses Hydra only to compose)",
     )
     parser.add_argument(
         "--debug",
