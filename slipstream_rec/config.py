@@ -128,8 +128,22 @@ def to_yaml(job: JobConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(job))
 
 
+# Where a run is written and what it continues from, not how it trains: left out of the hash, so
+# that a resume into a new trainer.run_dir (the finished-run refusal's advice) is not taken for
+# "another configuration".
+LOCATION_KEYS = ("trainer.run_dir", "trainer.resume", "trainer.checkpoint.dir")
+
+
 def config_hash(job: JobConfig) -> str:
-    return hashlib.sha256(to_yaml(job).encode()).hexdigest()[:16]
+    """The training configuration's hash (``LOCATION_KEYS`` excluded)."""
+    tree = OmegaConf.to_container(OmegaConf.structured(job), enum_to_str=True)
+    for key in LOCATION_KEYS:
+        *parents, last = key.split(".")
+        node = tree
+        for p in parents:
+            node = node[p]
+        node.pop(last)
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(tree)).encode()).hexdigest()[:16]
 
 
 def _explain(error: Exception) -> str:
@@ -147,6 +161,10 @@ def _explain(error: Exception) -> str:
     # The innermost message says what is wrong with the value; its first line is enough.
     what = next((m.splitlines()[0].strip() for m in reversed(messages) if m), type(error).__name__)
     where = f"{key}: " if key and key not in what else ""
+    value = next((m.group(1) for m in map(_INVALID_VALUE.search, messages) if m), None)
+    related = _RELATED_KEYS.get((key, value))
+    if related:
+        return f"invalid configuration: {where}{what.rstrip('.')}. Fix: {related}"
     return (
         f"invalid configuration: {where}{what.rstrip('.')}. Fix: check the value against "
         "`slipstream-train --cfg` (every key and its value) and the field's comment in "
@@ -155,6 +173,14 @@ def _explain(error: Exception) -> str:
 
 
 _FULL_KEY = re.compile(r"full_key: (\S+)")
+_INVALID_VALUE = re.compile(r"Invalid value '([^']*)'")
+# A value that is valid for another key the user most likely meant: the fix names that key.
+_RELATED_KEYS = {
+    ("trainer.precision", "fp16"): (
+        "fp16 is the storage type of the embedding rows: model.embedding_dtype=fp16 (docs/scale.md; "
+        "the README's bf16 / fp16); trainer.precision sets the dense arithmetic: fp32, bf16 or auto"
+    ),
+}
 
 
 def group_options(group: str) -> List[str]:

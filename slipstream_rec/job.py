@@ -15,15 +15,18 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 
+from slipstream_rec import interrupt, run_lock
 from slipstream_rec.checkpoint.manager import Checkpointer
 from slipstream_rec.config import JobConfig, config_hash, to_yaml
 from slipstream_rec.data.datasets import ensure_dataset
 from slipstream_rec.data.loader import NpyBatchLoader
 from slipstream_rec.data.meta import load_meta
 from slipstream_rec.distributed import DistEnv, all_gather_objects, broadcast_object
+from slipstream_rec.interrupt import Interrupted, resume_overrides
 from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
 from slipstream_rec.optim import build_optimizer, fuse_embedding_optimizer
 from slipstream_rec.preflight import fixed_run_dir, policy_cannot_act
+from slipstream_rec.resume_rules import check_trains_something, config_changes
 from slipstream_rec.sharding.plan import describe_plan, shard_model
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.metric_log import MetricLog, write_json_atomic
@@ -84,9 +87,58 @@ def prepare_data(job: JobConfig, env: DistEnv) -> Path:
     return path if path is not None else ensure_dataset(job.data)  # one "using ..." line per node
 
 
+class _Progress:
+    """How far ``run`` got, for the line of an interrupted run."""
+
+    run_dir: Optional[Path] = None
+    checkpointer: Optional[Checkpointer] = None
+    trainer: Optional[Trainer] = None
+
+    def interrupted(self, job: JobConfig) -> Interrupted:
+        step = self.trainer.state.step if self.trainer is not None else None
+        done = self.checkpointer.store.complete() if self.checkpointer is not None else []
+        fixed = bool(job.trainer.run_dir or job.trainer.checkpoint.dir)
+        add = resume_overrides(self.run_dir, fixed, job.trainer.resume) if self.run_dir else ""
+        return Interrupted(step, done[-1].step if done else None, add)
+
+
 def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
-    """Train and evaluate; returns the summary that rank 0 also writes to summary.json."""
+    """Train and evaluate; returns the summary that rank 0 also writes to summary.json.
+
+    Ctrl-C raises ``Interrupted`` (the step and the newest checkpoint), also where it reached
+    this rank only as a peer leaving a collective."""
+    progress = _Progress()
+    try:
+        return _run(job, env, progress)
+    except (KeyboardInterrupt, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and not interrupt.received():
+            raise
+        raise progress.interrupted(job) from None
+    finally:
+        if progress.run_dir is not None:
+            run_lock.release(progress.run_dir)  # rank 0's, if it holds it
+
+
+def take_run_dir(run_dir: Path, env: DistEnv) -> None:
+    """Rank 0 locks the run directory for this job (``run_lock``); another job's lock is a bad
+    input on every rank. Collective: all ranks enter (the broadcast of rank 0's answer)."""
+    note = problem = None
+    if env.is_rank0:
+        try:
+            note = run_lock.acquire(run_dir)
+        except ValueError as e:
+            problem = str(e)
+    problem = broadcast_object(problem)  # all ranks
+    if problem is not None:
+        raise ValueError(problem)
+    if note:
+        logger.warning("%s", note)
+
+
+def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
     run_dir = choose_run_dir(job, env)
+    take_run_dir(run_dir, env)  # all ranks
+    progress.run_dir = run_dir
     data_dir = prepare_data(job, env)
     meta = load_meta(data_dir)
     tr = job.trainer
@@ -116,12 +168,17 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         optimizer,
         meta={"sharding_plan": plan, "config_hash": config_hash(job)},
     )
+    progress.checkpointer = checkpointer
     resume = checkpointer.find(tr.resume)  # all ranks
     if resume is not None and env.is_rank0 and resume.manifest.get("config_hash") != config_hash(job):
-        logger.warning(
-            "resuming %s, written with another configuration (see its run's config.yaml): the "
-            "new one applies from step %d on", resume.path, resume.step,
-        )
+        changes = config_changes(resume.path, job)
+        # [] when only a location key differs (a checkpoint hashed before they were left out)
+        if changes != []:
+            logger.warning(
+                "resuming %s, written with another configuration (%s): the new one applies "
+                "from step %d on", resume.path,
+                "; ".join(changes) if changes else "see its run's config.yaml", resume.step,
+            )  # fmt: skip
 
     def loader(split: str, train: bool) -> NpyBatchLoader:
         return NpyBatchLoader(
@@ -149,6 +206,8 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         rank=env.rank,
     )
     total_steps = planned_steps(tr, len(train_loader))
+    if resume is not None and tr.resume != "auto":  # auto in its own directory: finishes the run
+        check_trains_something(tr, resume.path, resume.step, total_steps, len(train_loader))  # all ranks
     log = MetricLog(
         run_dir, env.is_rank0, tr.tensorboard, tr.progress_bar, total_steps,
         resume_step=resume.step if resume is not None else None,
@@ -167,6 +226,7 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         checkpointer,
         run_dir=run_dir,
     )
+    progress.trainer = trainer
     try:
         if resume is not None:
             restored = trainer.load_state_dict(checkpointer.load(resume))  # all ranks
@@ -189,7 +249,7 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
             f"run_dir={run_dir} world_size={env.world_size} device={env.device} "
             f"backend={env.backend} steps={total_steps} "
             f"global_batch={tr.batch_size * env.world_size} "
-            f"sharding={sorted(set(plan.values()))} policy={job.slipstream.policy.value}"
+            f"sharding={sorted(set(plan.values()))} {job.slipstream.chosen}"
         )
         trainer.fit()
         if trainer.audit is not None:  # trainer.sync_audit: every rank writes its own counts
@@ -226,8 +286,9 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
     if env.is_rank0:
         write_json_atomic(run_dir / "summary.json", summary)
         print(
-            f"done: policy={summary['policy']} action={summary['action']} "
-            f"skip_fraction={summary['skip_fraction']:.3f} served_fraction={summary['served_fraction']:.3f} "
+            f"done: {job.slipstream.chosen} action={summary['action']} "
+            f"skip_fraction={summary['skip_fraction']:.3f}{skip_parts(summary)} "
+            f"served_fraction={summary['served_fraction']:.3f} "
             f"val_auc={summary['val_auc']:.4f} val_logloss={summary['val_logloss']:.4f} "
             f"test_auc={summary['test_auc'] if summary['test_auc'] is None else round(summary['test_auc'], 4)} "
             f"samples_per_second={summary['samples_per_second']:.0f} "
@@ -235,6 +296,22 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
             flush=True,
         )
     return summary
+
+
+def skip_parts(summary: Dict[str, Any]) -> str:
+    """Where the skipped samples went when negative downsampling drops some of them: without it
+    `slipstream=off ... skip_fraction=0.371` reads as the baseline dropping 37%."""
+    down = summary.get("negative_downsampling") or {}
+    dropped, seen = down.get("negatives_dropped") or 0, summary.get("samples_seen") or 0
+    if not dropped or not seen:
+        return ""
+    setting = down.get("setting")
+    setting = f"{setting}, rate {down.get('rate'):g}" if setting == "auto" else f"{setting:g}"
+    policy = max(0.0, summary["skip_fraction"] - dropped / seen)
+    return (
+        f" (negative_downsampling={setting}: {dropped / seen:.3f} of the samples, non-clicks "
+        f"dropped; the policy: {policy:.3f})"
+    )
 
 
 def _version(dist_name: str) -> str | None:

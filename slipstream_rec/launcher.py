@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 from slipstream_rec.cli_errors import ERROR_DIR_ENV
 
 if TYPE_CHECKING:
+    from slipstream_rec.config import JobConfig
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 EXIT_LOST_RANK = 3
@@ -72,31 +73,66 @@ def explain_failure(failures: Dict[int, "ProcessFailure"], errors: Path) -> Tupl
     if found is not None:
         rank, line = found
         code = failures[rank].exitcode if rank in failures else 1
-        return line, code if code in (2, EXIT_LOST_RANK) else 1
+        return line, code if code in (2, EXIT_LOST_RANK, 130) else 1
     if signalled:
         return killed(*signalled[0])
     rank, failure = min(failures.items())
     return f"slipstream-train: error: rank {rank} exited with code {failure.exitcode}; its output above says why", 1
 
 
-def launch(nproc: int, max_restarts: int, overrides: List[str]) -> int:
+def interrupted_line(errors: Path) -> str:
+    """The line for a Ctrl-C: rank 0's (it knows the step and the checkpoint), else any rank's."""
+    lines = {}
+    for path in errors.glob("rank*.err"):
+        lines[int(path.stem.removeprefix("rank"))] = path.read_text().partition("\t")[2].strip()
+    ours = [lines[r] for r in sorted(lines) if "interrupted" in lines[r]]
+    return ours[0] if ours else "slipstream-train: interrupted before training started (nothing was trained)"
+
+
+def launch(nproc: int, max_restarts: int, overrides: List[str], job: Optional["JobConfig"] = None) -> int:
     """Start the ranks and wait; the exit code of the job (0, or the failed rank's)."""
+    import uuid
+
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from slipstream_rec import run_lock
+    from slipstream_rec.interrupt import EXIT_INTERRUPTED
 
     # torch's agent logs every failure and shutdown at WARNING / ERROR and prints a banner when
     # it sets OMP_NUM_THREADS: the ranks' own lines say what happened.
-    for name in ("torch.distributed", "torch.distributed.elastic", "torch.distributed.run"):
+    # Elastic's modules set their own loggers' levels (LOGLEVEL, WARNING by default), so the
+    # parents' level is not enough: every torch.distributed logger imported so far is silenced.
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed")]
+    for name in ("torch.distributed", "torch.distributed.elastic", "torch.distributed.run", *names):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for N > 1, without its banner
+    # The launcher holds the run directory for its ranks (and their restarts): they carry its
+    # token, so rank 0 finds the lock its own job's.
+    os.environ[run_lock.TOKEN_ENV] = f"launcher:{uuid.uuid4()}"
+    run_dir = Path(job.trainer.run_dir) if job is not None and job.trainer.run_dir else None
     with tempfile.TemporaryDirectory(prefix="slipstream-errors-") as errors:
         os.environ[ERROR_DIR_ENV] = errors  # inherited by the ranks
         try:
+            if run_dir is not None:
+                note = run_lock.acquire(run_dir)
+                if note:
+                    print(f"slipstream-train: note: {note}", file=sys.stderr, flush=True)
             torchrun.run(torchrun.parse_args(torchrun_argv(nproc, max_restarts, overrides)))
             return 0
         except ChildFailedError as e:
             line, code = explain_failure(e.failures, Path(errors))
             print(line, file=sys.stderr, flush=True)
             return code
+        except (SignalException, KeyboardInterrupt) as e:
+            if isinstance(e, SignalException) and e.sigval != signal.SIGINT:
+                raise
+            # torch's agent has stopped the ranks (each left its line) before raising this.
+            print(interrupted_line(Path(errors)), file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
         finally:
             os.environ.pop(ERROR_DIR_ENV, None)
+            os.environ.pop(run_lock.TOKEN_ENV, None)
+            if run_dir is not None:
+                run_lock.release(run_dir)

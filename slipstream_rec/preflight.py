@@ -67,10 +67,16 @@ def fixed_run_dir(job: JobConfig) -> Optional[Path]:
 
 
 def check_run_dir(job: JobConfig) -> None:
-    """A finished run (its summary.json written) is not trained again in place: resuming it would
-    append a second final evaluation to its records, and a fresh start would overwrite them."""
+    """A run directory another job trains into is refused (``run_lock``). A finished run (its
+    summary.json written) is not trained again in place: resuming it would append a second
+    final evaluation to its records, and a fresh start would overwrite them."""
+    from slipstream_rec.run_lock import check_free
+
     run_dir = fixed_run_dir(job)
-    if run_dir is None or not (run_dir / "summary.json").is_file():
+    if run_dir is None:
+        return
+    check_free(run_dir)
+    if not (run_dir / "summary.json").is_file():
         return
     resume = job.trainer.resume
     what = (
@@ -81,7 +87,8 @@ def check_run_dir(job: JobConfig) -> None:
     )
     raise ValueError(
         f"{what}. Fix: choose a new trainer.run_dir (to train on from its last checkpoint: "
-        f"trainer.resume={run_dir / 'checkpoints'} with the new trainer.run_dir), or delete {run_dir}"
+        f"trainer.resume={run_dir / 'checkpoints'} with the new trainer.run_dir and more steps, a "
+        f"larger trainer.max_steps or trainer.epochs), or delete {run_dir}"
     )
 
 
@@ -119,7 +126,7 @@ def policy_cannot_act(job: JobConfig, total_steps: int) -> Optional[str]:
     if s.policy.skips and getattr(getattr(s, "action", None), "value", "skip") == "serve":
         act = "serves no stale input from its replica"
     return (
-        f"slipstream={s.policy.value} {act} in this run: it trains {total_steps} steps and the "
+        f"{s.chosen} {act} in this run: it trains {total_steps} steps and the "
         f"policy acts from step {first} on ({why}). Fix: scale the policy to the run ({scaled}), "
         "train longer (trainer.epochs), or slipstream=off"
     )

@@ -26,7 +26,8 @@ field (every key and its value: --cfg). Examples:
   slipstream-train --self-check      # is the torch/fbgemm/torchrec stack the pinned one, and does it load?
   torchrun --nnodes 2 --nproc_per_node 8 ... -m slipstream_rec.train OVERRIDES   # many nodes
 A bad config value, missing path or unreadable input is one line and exit code 2 (--debug or
-HYDRA_FULL_ERROR=1: the traceback); a lost or stuck rank is exit code 3.
+HYDRA_FULL_ERROR=1: the traceback); a lost or stuck rank is exit code 3; Ctrl-C is exit code 130
+(one line: the step, the last checkpoint, how to resume).
 """
 
 
@@ -82,7 +83,12 @@ def _cfg_argument(argv: List[str]) -> List[str]:
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = _Parser(
         prog="slipstream-train",
-        description="Sharded TorchRec DLRM training with Slipstream stale-embedding skipping.",
+        # Not "skipping": the default preset (slipstream=serve) drops no input; the README's
+        # "What and why" says the same, and tests/test_docs.py holds the two together.
+        description="Sharded TorchRec DLRM training with Slipstream (arXiv 2404.04270): inputs that "
+        "read only stale embedding rows are served from a local replica of those rows by default "
+        "(slipstream=serve, nothing skipped) or skipped (slipstream=paper_plus); slipstream=off is "
+        "the baseline.",
         epilog=USAGE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -106,10 +112,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--cfg",
         choices=CFG_KINDS,
         metavar="[job]",
-        help="print the option chosen in each group and the composed, validated config, and exit, "
-        "touching no data and no run directory (`job`: the keys this job reads; `all`: every key, "
-        "the unused data sources' settings too; there is no Hydra runtime config: this program "
-        "uses Hydra only to compose)",
+        help="run the checks a run runs before it starts, print the option chosen in each group "
+        "and the composed, validated config, and exit, touching no data and no run directory "
+        "(`job`: the keys this job reads; `all`: every key, the unused data sources' settings too; "
+        "there is no Hydra runtime config: this program uses Hydra only to compose)",
     )
     parser.add_argument(
         "--debug",
@@ -152,9 +158,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         from slipstream_rec.self_check import main as self_check
 
         return self_check()
-    from slipstream_rec.cli_errors import run_cli
+    from slipstream_rec.cli_errors import emit_error_line, run_cli
+    from slipstream_rec.interrupt import EXIT_INTERRUPTED, Interrupted, install, restore
 
-    return run_cli("slipstream-train", lambda: _compose_check_run(args, is_rank0), args.debug)
+    previous = install()
+    try:
+        return run_cli("slipstream-train", lambda: _compose_check_run(args, is_rank0), args.debug)
+    except Interrupted as e:  # Ctrl-C: where it stopped and how to go on, not a traceback
+        emit_error_line(f"slipstream-train: {e.line()}")
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before the job ran (composing, checking, starting)
+        emit_error_line("slipstream-train: interrupted before training started (nothing was trained)")
+        return EXIT_INTERRUPTED
+    finally:
+        restore(previous)
 
 
 def _compose_check_run(args: argparse.Namespace, is_rank0: bool) -> int:
@@ -172,15 +189,15 @@ def _compose_check_run(args: argparse.Namespace, is_rank0: bool) -> int:
             "Hydra app (no outputs/, no Hydra logging, no multirun), so there is no Hydra config "
             "to show. Fix: --cfg (or --cfg job) prints the job config"
         )
+    check_before_start(job, world_size)  # --cfg too: it shows a config the run would accept
     if args.cfg:
         if is_rank0:
             print(cfg_listing(job, args.overrides, everything=args.cfg == "all"), end="")
         return 0
-    check_before_start(job, world_size)
     if args.nproc is not None:  # checked once, here; then the ranks (which check again, quietly)
         from slipstream_rec.launcher import launch
 
-        return launch(args.nproc, args.max_restarts, args.overrides)
+        return launch(args.nproc, args.max_restarts, args.overrides, job)
 
     from slipstream_rec.cli_errors import emit_error_line
     from slipstream_rec.distributed import close_distributed, explain_collective_failure, init_distributed

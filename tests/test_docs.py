@@ -333,9 +333,13 @@ def test_readme_three_commands_take_a_csv_to_a_report(tmp_path):
     assert csv.read_text().splitlines()[: len(sample.text.splitlines())] == sample.text.splitlines()
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMP_NUM_THREADS="1")
     env.pop("HYDRA_FULL_ERROR", None)
+    printed = []
     for line in commands:
         r = subprocess.run(shlex.split(line), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{line}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+        printed += [l.removeprefix("train with: ") for l in r.stdout.splitlines() if l.startswith("train with: ")]
+    # the README's train command is the one slipstream-data printed, with the run directory added
+    assert printed and f"{printed[0]} trainer.run_dir=runs/clicks" == commands[1], (printed, commands[1])
     summaries = list(tmp_path.glob("runs/*/summary.json"))
     assert len(summaries) == 1
     summary = json.loads(summaries[0].read_text())
@@ -345,10 +349,9 @@ def test_readme_three_commands_take_a_csv_to_a_report(tmp_path):
 
     meta = load_meta(tmp_path / "data" / "clicks")
     assert meta.rows == {"train": 5400, "val": 300, "test": 300}
-    from slipstream_rec.training.config import TrainerConfig
-
-    batch = TrainerConfig().batch_size  # the default: 5400 rows give full batches of it
-    assert summary["steps"] == summary["epochs"] * (meta.rows["train"] // batch) > 0
+    batch = 256  # the README's command: 5400 rows give 21 full batches of it
+    assert summary["batch_size_per_rank"] == batch
+    assert summary["steps"] == summary["epochs"] * (meta.rows["train"] // batch) == 21
     assert summary["samples_seen"] == summary["samples_trained"] == summary["steps"] * batch
     reports = list(tmp_path.glob("reports/*/report.html"))
     assert len(reports) == 1 and format(summary["test_auc"], ".4f") in reports[0].read_text()
@@ -371,3 +374,80 @@ def test_relative_links_point_to_existing_files_and_headings(doc):
         if anchor and dest.suffix == ".md":
             headings = [_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), flags=re.M)]
             assert anchor in headings, f"{doc.relative_to(ROOT)}: link to {target}: no such heading"
+
+
+# -- the docs cite only the repository, and agree with --help (issue 32) -------------------------
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_cite_only_files_in_the_repository(doc):
+    """A relative path in a link or in inline code resolves inside the checkout (a reader of
+    the repository has nothing else)."""
+    text = doc.read_text()
+    # inline code: a relative path naming a file (`../shared/notes/x.md`), not prose about
+    # relative links (`../../files` in docs/images.md)
+    cited = re.findall(r"\]\(([^)\s#]+)", text) + re.findall(r"`((?:\.\./)+[^`\s]+\.[a-z]+)`", text)
+    for target in cited:
+        if re.match(r"[a-z]+://", target):
+            continue
+        # relative to the document (a link) or to the checkout's root (a path in prose)
+        inside = [d for d in ((doc.parent / target).resolve(), (ROOT / target).resolve()) if d.is_relative_to(ROOT)]
+        assert any(d.exists() for d in inside), f"{doc.relative_to(ROOT)}: cites {target}, not a file of the repository"
+
+
+def _train_help(capsys) -> str:
+    from slipstream_rec import train
+
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    return capsys.readouterr().out
+
+
+def _help_defaults(help_text: str) -> dict:
+    listed = help_text.split("config groups", 1)[1].splitlines()[1:]
+    defaults, group = {}, None
+    for line in listed:
+        if line.startswith("    ") and line.strip().startswith("*"):
+            defaults[group] = line.split()[0].lstrip("*")
+        elif line.startswith("  ") and line.strip().endswith(":"):
+            group = line.strip().rstrip(":")
+    return defaults
+
+
+def test_configuration_tables_mark_the_defaults_help_marks(capsys):
+    """README's table lists the default first, configuration.md's says "(default"; both are the
+    option `--help` marks with *."""
+    defaults = _help_defaults(_train_help(capsys))
+    assert set(defaults) >= {"model", "data", "slipstream"}, defaults
+    readme = _table_rows(ROOT / "README.md", "group")
+    conf = _table_rows(ROOT / "docs/configuration.md", "group")
+    for group, option in defaults.items():
+        first = re.findall(r"`([^`]+)`", readme[group].split("|")[2])[0]
+        assert first == option, f"README.md lists {first} first for {group}; --help's default is {option}"
+        only = len(re.findall(r"`[^`]+`", conf[group].split("|")[2])) == 1
+        assert only or f"`{option}` (default" in conf[group], f"docs/configuration.md: {group}'s default is not {option}"
+
+
+def test_help_describes_what_the_default_does(capsys):
+    """--help's description names the default Slipstream preset and does not call it skipping
+    when it drops nothing (the README: Slipstream as `serve`)."""
+    from slipstream_rec.config import default_options, load_config
+
+    text = _train_help(capsys)
+    description = " ".join(text.split("\n\n", 2)[1].split())
+    default = default_options()["slipstream"]
+    assert f"slipstream={default}" in description, description
+    job = load_config([])
+    if not job.slipstream.skips:
+        assert "nothing skipped" in description and "stale-embedding skipping" not in description
+    assert f"Slipstream (`{default}`)" in (ROOT / "README.md").read_text()
+
+
+def test_every_help_flag_and_exit_code_is_documented(capsys):
+    text = _train_help(capsys)
+    docs = "\n".join(p.read_text() for p in DOCS)
+    for flag in sorted(set(re.findall(r"(--[a-z][a-z-]+)", text)) - {"--help", "--standalone"}):
+        assert f"slipstream-train {flag}" in docs or f"`{flag}" in docs, f"{flag} is in --help, not in the docs"
+    codes = (ROOT / "docs/configuration.md").read_text().split("Exit codes:", 1)[1].split("\n\n", 1)[0]
+    for code in re.findall(r"exit code (\d+)", text):
+        assert f" {code} " in codes, f"--help names exit code {code}; docs/configuration.md's list does not"

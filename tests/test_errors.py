@@ -149,11 +149,14 @@ def test_batch_larger_than_a_small_dataset_names_the_largest_that_works(workdir,
     monkeypatch.setenv("WORLD_SIZE", "2")
     line = train_fails(capsys, "data.source=npy", "data.path=data/clicks")
     assert "trainer.batch_size=2048 is too large" in line
-    assert f"Fix: trainer.batch_size={train_rows // 2} or smaller" in line
+    from slipstream_rec.data.batch_rule import suggested_batch_size
+
+    suggested = suggested_batch_size(train_rows // 2, 2048)
+    assert f"Fix: trainer.batch_size={suggested} ({train_rows // 2 // suggested} steps per epoch; at most {train_rows // 2} fits)" in line
     nothing_written(workdir)
     # The command slipstream-data printed for one process gets past every check.
     printed = next(l for l in out.splitlines() if l.startswith("train with: "))
-    assert f"trainer.batch_size={1 << (train_rows.bit_length() - 1)}" in printed
+    assert f"trainer.batch_size={suggested_batch_size(train_rows, 2048)}" in printed
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ProcessGroupStarted):
         train.main(printed.split()[3:])
@@ -267,7 +270,7 @@ def test_under_torchrun_every_rank_stops_before_the_process_group(tmp_path):
               "data.source=npy", f"data.path={path}", "trainer.batch_size=200"], tmp_path)  # fmt: skip
     assert r.returncode != 0
     lines = [l for l in r.stderr.splitlines() if l.startswith("slipstream-train: error:")]
-    assert lines and all("Fix: trainer.batch_size=150 or smaller" in l for l in lines), r.stderr[-3000:]
+    assert lines and all("Fix: trainer.batch_size=4 (37 steps per epoch; at most 150 fits)" in l for l in lines), r.stderr[-3000:]
     assert "slipstream_rec/" not in r.stderr, "a traceback from the project's code"  # torchrun adds its own
     assert not (tmp_path / "runs").exists()
 
@@ -367,3 +370,85 @@ def test_a_schema_list_given_as_text_shows_the_list_it_meant(workdir, capsys):
     line = one_error_line(capsys, "slipstream-data tabular")
     assert "clicks.yaml: dense_columns is the text 'price, views', not a list. Fix: dense_columns: [price, views]" in line
     assert "AnyNode" not in line
+
+
+# -- what a new user tripped on (issue 32) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, rate", [("0", 0.0), ("0.0", 0.0), ("auto", "auto")])
+def test_negative_downsampling_takes_a_whole_number_as_the_rate(workdir, value, rate):
+    """The docs write `negative_downsampling=0` (none): the int 0 is the rate 0.0, not a type error."""
+    from slipstream_rec.config import load_config
+
+    got = load_config([f"slipstream.negative_downsampling={value}"]).slipstream.negative_downsampling
+    assert got == rate and type(got) is type(rate)
+
+
+def test_negative_downsampling_one_names_the_range_not_the_type(workdir, capsys):
+    line = train_fails(capsys, "slipstream.negative_downsampling=1")
+    assert "slipstream.negative_downsampling=1.0 is invalid" in line and "[0, 1)" in line
+    assert "type hint" not in line
+    nothing_written(workdir)
+
+
+def test_an_error_shows_an_enum_as_the_value_the_user_wrote(workdir, capsys):
+    line = train_fails(capsys, "trainer.precision=bf16", "trainer.pipeline=base")
+    assert "trainer.precision=bf16 is invalid" in line and "<Precision" not in line
+
+
+def test_precision_fp16_points_to_the_embedding_dtype(workdir, capsys):
+    line = train_fails(capsys, "trainer.precision=fp16")
+    assert "Fix:" in line and "model.embedding_dtype=fp16" in line
+    from slipstream_rec.config import load_config
+
+    assert load_config(["model.embedding_dtype=fp16"]).model.embedding_dtype.value == "fp16"  # the fix works
+
+
+def test_cfg_runs_the_checks_the_run_runs(workdir, capsys):
+    assert train.main(["--cfg", "data.path=data/clicks"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no config printed for a run that would be refused
+    assert err.count("\n") == 1 and "data.path=data/clicks is only read with data.source=npy" in err
+
+
+def test_one_batch_rule_gives_a_useful_number_of_steps(workdir, capsys, monkeypatch):
+    """1,800 training rows: slipstream-data suggested 1024 (one step, 776 rows unused) and the
+    trainer 1800 (one step). Both now suggest 64: 28 steps per epoch, 8 rows unused."""
+    split = "time_column: ts\nsplit:\n  method: time\n  val_fraction: 0.05\n  test_fraction: 0.05\n"
+    (workdir / "clicks.yaml").write_text(SCHEMA + split)
+    write_csv(workdir / "clicks.csv", make_clicks(2000, seed=3))
+    assert data_cli.main(["tabular", "--schema", "clicks.yaml", "--input", "clicks.csv", "--out", "data/clicks", "--no-progress"]) == 0
+    from slipstream_rec.data.meta import load_meta
+
+    assert load_meta(workdir / "data" / "clicks").rows["train"] == 1800
+    printed = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("train with: "))
+    assert printed.endswith(" trainer.batch_size=64"), printed
+    line = train_fails(capsys, "data.source=npy", "data.path=data/clicks")
+    assert "Fix: trainer.batch_size=64 (28 steps per epoch; at most 1800 fits)" in line
+    with pytest.raises(ProcessGroupStarted):  # the printed command gets past every check
+        train.main(printed.split()[3:])
+
+
+def test_an_empty_data_path_directory_points_to_slipstream_data(workdir, capsys):
+    (workdir / "data" / "clicks").mkdir(parents=True)
+    line = train_fails(capsys, "data.source=npy", "data.path=data/clicks")
+    assert "data.path=data/clicks is empty, not a converted dataset" in line
+    command = "slipstream-data tabular --schema SCHEMA.yaml --input clicks.csv --out data/clicks"
+    assert f"Fix: convert the click log first, `{command}`" in line and "data.source=synthetic" not in line
+    nothing_written(workdir)
+    # the fix, followed, converts into that (empty) directory; then the same training gets started
+    (workdir / "clicks.yaml").write_text(SCHEMA)
+    write_csv(workdir / "clicks.csv", make_clicks(3000, seed=3))
+    argv = command.replace("SCHEMA.yaml", "clicks.yaml").split()[1:] + ["--no-progress"]
+    assert data_cli.main(argv) == 0
+    with pytest.raises(ProcessGroupStarted):
+        train.main(["data.source=npy", "data.path=data/clicks", "trainer.batch_size=64"])
+
+
+def test_a_data_path_of_raw_files_names_one_to_convert(workdir, capsys):
+    (workdir / "raw").mkdir()
+    write_csv(workdir / "raw" / "clicks.csv", make_clicks(50))
+    line = train_fails(capsys, "data.source=npy", "data.path=raw")
+    assert "data.path=raw holds raw input (clicks.csv)" in line
+    assert "`slipstream-data tabular --schema SCHEMA.yaml --input raw/clicks.csv --out data/clicks`" in line
+    assert line.endswith("then data.path=data/clicks")

@@ -28,8 +28,10 @@ def _train(cwd: Path, *overrides: str, env: Optional[Dict[str, str]] = None) -> 
 
 
 def _files(run_dir: Path) -> Dict[str, bytes]:
-    """Every file of the run directory but the checkpoints, by name."""
-    return {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    """Every file of the run directory but the checkpoints and run.lock, by name. run.lock says
+    which process holds the directory, not what the run did: the crashed run leaves its own
+    behind, and the next start takes it over and removes it (tests/test_run_lifecycle.py)."""
+    return {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != "run.lock"}
 
 
 def _error_lines(result: subprocess.CompletedProcess) -> List[str]:

@@ -45,7 +45,7 @@ def test_the_batch_check_uses_the_launched_world_size(tmp_path):
     path = write_dataset(tmp_path / "d", {"train": 300, "val": 40, "test": 40})
     r = _train(tmp_path, "--nproc", "2", "data.source=npy", f"data.path={path}", "trainer.batch_size=200")
     assert r.returncode == 2
-    assert "Fix: trainer.batch_size=150 or smaller" in _the_one_error_line(r)  # 300 rows / 2 ranks
+    assert "Fix: trainer.batch_size=4 (37 steps per epoch; at most 150 fits)" in _the_one_error_line(r)  # 300 rows / 2 ranks
 
 
 def test_an_error_on_every_rank_is_printed_once(tmp_path):
@@ -59,7 +59,7 @@ def test_two_ranks_train_and_end_with_rank_0s_result_line(tmp_path):
     r = _train(tmp_path, "--nproc", "2", *SMOKE, "trainer.run_dir=runs/two")
     assert r.returncode == 0, r.stderr[-3000:]
     last = r.stdout.strip().splitlines()[-1]
-    assert last.startswith("done: policy=off ") and "summary=runs/two/summary.json" in last
+    assert last.startswith("done: slipstream=off ") and "summary=runs/two/summary.json" in last
     assert r.stdout.count("done: ") == 1  # rank 0 only
     assert json.loads((tmp_path / "runs" / "two" / "summary.json").read_text())["world_size"] == 2
 

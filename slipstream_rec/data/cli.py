@@ -222,14 +222,16 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _batch_size_for(train_rows: int) -> List[str]:
-    """``trainer.batch_size=N`` when the default batch is more than one process's training rows
-    (N: the largest power of two that fits), so the printed command trains as printed."""
+    """``trainer.batch_size=N`` when the default batch gives one process fewer than
+    ``MIN_STEPS_PER_EPOCH`` steps per epoch (N: ``batch_rule``, the trainer's rule too), so the
+    printed command trains a useful number of steps as printed."""
     from slipstream_rec.config import load_config
+    from slipstream_rec.data.batch_rule import needs_suggestion, suggested_batch_size
 
     default = load_config([]).trainer.batch_size
-    if train_rows <= 0 or train_rows >= default:
+    if train_rows <= 0 or not needs_suggestion(train_rows, default):
         return []
-    return [f"trainer.batch_size={1 << (train_rows.bit_length() - 1)}"]
+    return [f"trainer.batch_size={suggested_batch_size(train_rows, default)}"]
 
 
 def _data_overrides(args: argparse.Namespace, shell: bool = False) -> List[str]:

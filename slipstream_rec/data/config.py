@@ -223,6 +223,10 @@ class TabularConfig:
     eval_inputs: List[str] = field(default_factory=list)
     # "csv", "tsv", "parquet", or "auto" (from the first input's extension).
     format: str = "auto"
+    # CSV/TSV: the character between fields; null: found in the header line (the most frequent
+    # of , ; tab |; semicolons are what Excel writes where the decimal mark is a comma), tab
+    # for format tsv, comma without a header.
+    delimiter: Optional[str] = None
     # CSV/TSV: the first line names the columns; false: column_names gives them.
     header: bool = True
     # CSV/TSV without a header: the column names in file order.

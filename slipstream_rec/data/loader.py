@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from slipstream_rec.data.batch_rule import suggested_batch_size
 from slipstream_rec.data.meta import (
     META_FILE,
     DatasetMeta,
@@ -91,8 +92,9 @@ def check_split_fits(
         raise ValueError(
             f"trainer.batch_size={batch_size} is too large for {where}: split {split!r} has "
             f"{num_rows} rows, {per_rank} per rank on {world_size} rank(s), too few for one "
-            f"training batch. Fix: trainer.batch_size={per_rank} or smaller (the largest that "
-            f"works here), or {more_rows}."
+            f"training batch. Fix: trainer.batch_size={suggested_batch_size(per_rank, batch_size)} "
+            f"({per_rank // suggested_batch_size(per_rank, batch_size)} steps per epoch; at most "
+            f"{per_rank} fits), or {more_rows}."
         )
     if not train and per_rank < num_batches_for(num_rows, world_size, batch_size, train):
         raise ValueError(

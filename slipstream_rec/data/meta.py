@@ -24,6 +24,7 @@ A dataset without multi-hot features is format_version 1, TorchRec's own layout.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
@@ -79,6 +80,10 @@ class DatasetMeta:
         return list(self.rows)
 
 
+# Names of raw click-log files (what slipstream-data converts), as opposed to a dataset's .npy.
+_RAW_SUFFIX = re.compile(r"\.(csv|tsv|tab|txt|parquet|pq)(\.gz)?$", re.I)
+
+
 def _meta_error(path: Path, problem: str) -> ValueError:
     return ValueError(
         f"{path / META_FILE}: {problem}. Fix: regenerate the dataset (delete the directory and let "
@@ -122,6 +127,18 @@ def load_meta(path: Union[str, Path], *, check_files: bool = True) -> DatasetMet
             f"or use data.source=synthetic to generate one."
         )
     if not meta_path.is_file():
+        raw_inputs = sorted(p.name for p in path.iterdir() if _RAW_SUFFIX.search(p.name))
+        if not any(path.iterdir()) or raw_inputs:
+            # An empty directory, or one of raw files: the user has not converted anything yet.
+            given = str(path / raw_inputs[0]) if raw_inputs else "clicks.csv"
+            out = f"data/{raw_inputs[0].split('.')[0]}" if raw_inputs else str(path)
+            what = f"holds raw input ({', '.join(raw_inputs[:3])})" if raw_inputs else "is empty"
+            raise FileNotFoundError(
+                f"data.path={path} {what}, not a converted dataset (no {META_FILE}). Fix: convert "
+                f"the click log first, `slipstream-data tabular --schema SCHEMA.yaml --input {given} "
+                f"--out {out}` (SCHEMA.yaml: README, 'Train on your own click log'; `slipstream-data "
+                f"criteo` for Criteo's TSV), then data.path={out}"
+            )
         raise FileNotFoundError(
             f"{meta_path} is missing. Fix: a finished dataset directory always has meta.json; "
             f"regenerate it (data.source=synthetic) or, for data.source=npy, write a meta.json "

@@ -6,7 +6,8 @@ browser) and the figures as PNG files in ``OUT/``. Where runs share a dataset an
 paired with ``off`` of the same seed) and the table of paired results, also written as
 ``OUT/paired_results.md`` (markdown) and ``OUT/frontier.csv`` (the figure's data). In the
 comparison table the first run is the reference: speedups (first run's train seconds / each
-run's), test AUC differences and config differences are taken against it.
+run's), test AUC differences and config differences are taken against it, for runs of its
+dataset and split only (another one's are n/a, and said so on stderr and in the report).
 
 Exit codes: 0 report written; 2 bad arguments or a path that is not a run directory (nothing is
 written). A run without summary.json (crashed or killed) is reported as incomplete; malformed
@@ -54,6 +55,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     for run in runs:
         for note in run.notes:
             print(f"slipstream-report: {run.label}: {note}", file=sys.stderr)
+
+    from slipstream_rec.report.compare import other_dataset
+
+    for run in runs[1:]:
+        other = other_dataset(runs[0], run)
+        if other:
+            print(f"slipstream-report: {run.label}: another dataset or split than {runs[0].label} ({other}): "
+                  "speedup and dAUC against it are n/a", file=sys.stderr)
 
     from slipstream_rec.report import html  # matplotlib only once the inputs are known to be good
 

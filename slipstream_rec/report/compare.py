@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from slipstream_rec.report.runs import Run
@@ -37,6 +38,37 @@ def config_diff(runs: List[Run]) -> Tuple[List[str], List[Optional[Dict[str, Any
     return sorted(keys), per_run
 
 
+# data.source -> the settings block it reads (slipstream_rec/config.py's _DATA_BLOCKS); the
+# other blocks' settings are in every config.yaml but describe data the run never read.
+DATA_BLOCKS = {"synthetic": "synthetic", "clicklog": "clicklog", "criteo": "criteo", "tabular": "tabular",
+               "movielens_1m": "movielens"}
+# How the data is read, not which rows are in its splits.
+NOT_THE_DATA = ("data.root", "data.mmap", "data.shuffle")
+
+
+def data_identity(run: Run) -> Optional[Dict[str, Any]]:
+    """The settings that make a run's dataset and split: the top-level ``data.*`` keys and the
+    block of its ``data.source``; without a config, the dataset directory summary.json names."""
+    if run.config is not None:
+        flat = run.flat_config
+        block = f"data.{DATA_BLOCKS.get(str(flat.get('data.source')), '-')}."
+        return {k: v for k, v in flat.items() if k.startswith("data.") and k not in NOT_THE_DATA
+                and (k.count(".") == 1 or k.startswith(block))}
+    dataset = (run.summary or {}).get("dataset")
+    return {"dataset": Path(str(dataset)).name} if dataset else None
+
+
+def other_dataset(first: Run, run: Run) -> Optional[str]:
+    """Why ``run`` is of another dataset or split than ``first`` (the first differing keys), or
+    None where they are the same or either is unknown."""
+    mine, theirs = data_identity(run), data_identity(first)
+    if mine is None or theirs is None or mine == theirs:
+        return None
+    keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k, ABSENT) != theirs.get(k, ABSENT))
+    shown = ", ".join(f"{k}={show(mine.get(k, ABSENT))} vs {show(theirs.get(k, ABSENT))}" for k in keys[:3])
+    return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
 def show(value: Any) -> str:
     """A config value as YAML would show it (strings bare)."""
     if isinstance(value, str):
@@ -62,7 +94,10 @@ def comparison_rows(runs: List[Run]) -> List[Dict[str, Any]]:
         seconds = _num(run.get("train_seconds"))
         skip = _num(run.get("skip_fraction"))
         test_auc = _num(run.get("test_auc"))
-        speedup = base_seconds / seconds if base_seconds and seconds else None
+        # Seconds and AUCs of two datasets are not a speedup and a quality cost.
+        other = other_dataset(first, run)
+        comparable = other is None
+        speedup = base_seconds / seconds if base_seconds and seconds and comparable else None
         ideal = 1.0 / (1.0 - skip) if skip is not None and skip < 1 else None
         rows.append(
             {
@@ -81,7 +116,8 @@ def comparison_rows(runs: List[Run]) -> List[Dict[str, Any]]:
                 "val_auc": _num(run.get("val_auc")),
                 "test_auc": test_auc,
                 "test_logloss": _num(run.get("test_logloss")),
-                "dauc": test_auc - base_auc if test_auc is not None and base_auc is not None else None,
+                "dauc": test_auc - base_auc if test_auc is not None and base_auc is not None and comparable else None,
+                "other_dataset": other,
                 "ideal_speedup": ideal,
                 "efficiency": speedup / ideal if speedup is not None and ideal else None,
             }

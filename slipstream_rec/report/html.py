@@ -147,6 +147,9 @@ def build(runs: List[Run]) -> Dict[str, Any]:
                      "n/a (no config)" if diff is None else
                      "<span class='muted'>none</span>" if not diff else
                      "<br>".join(f"<code>{_e(k)}={_e(show(v))}</code>" for k, v in diff.items()))
+        if row["other_dataset"]:
+            diff_html = (f"<b>another dataset or split</b> ({_e(row['other_dataset'])}): not compared<br>"
+                         + diff_html)
         table_rows.append([
             _e(row["label"]), _e(row["status"]), diff_html,
             fmt(row["samples_trained"], "int") + ("" if row["status"] == "complete" or row["last_step"] is None
@@ -157,7 +160,8 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         ])
     intro = ("Speedup = first run's train seconds / this run's (evaluations excluded); dAUC = test AUC minus the "
              "first run's; ideal speedup = 1 / (1 - skip fraction); efficiency = speedup / ideal. An incomplete "
-             "run shows the samples trained up to its last train record and n/a where the summary is needed.")
+             "run shows the samples trained up to its last train record and n/a where the summary is needed. A run "
+             "of another dataset or split than the first run's shows n/a for speedup, dAUC and efficiency.")
     sections.append(_section("summary", "Comparison", intro, _table(
         ["run", "status", "config vs first run", "samples trained", "samples skipped", "skip fraction",
          "train s", "speedup", "val AUC", "test AUC", "dAUC (test)", "ideal speedup", "efficiency"],

@@ -51,6 +51,10 @@ class ChangeMetric(Enum):
 class SlipstreamConfig:
     """Selects and tunes the Slipstream policy. Steps are training steps (global batches)."""
 
+    # The conf/slipstream/ option these settings came from (each file sets its own name): what
+    # messages call the policy, since one policy has several presets (serve and paper_plus are
+    # both policy paper_plus; negative_sampling is policy random). "": none chosen.
+    preset: str = ""
     # off, track_only, paper, paper_plus or random (the control).
     policy: Policy = Policy.off
     # What paper / paper_plus do with an input whose lookups are all stale: skip (drop it) or
@@ -143,8 +147,9 @@ class SlipstreamConfig:
     # (or serves) what remains (He et al. 2014); evaluation adds log(1 - f) to every logit so
     # predicted click rates stay calibrated. A number forces that rate from the first step (0:
     # none); "auto" chooses it from the click rate of the first look-ahead (the rule:
-    # negatives_per_click) and lowers it while training if it costs (the guard).
-    negative_downsampling: Union[float, str] = 0.0
+    # negatives_per_click) and lowers it while training if it costs (the guard). A whole number
+    # is that rate (0: none), as the docs write it; int is in the hint so that `=0` composes.
+    negative_downsampling: Union[float, int, str] = 0.0
     # auto: the rule keeps at least this many non-clicks per click (f = 1 - m c / (1 - c)).
     negatives_per_click: float = 25.0
     # auto: steps between two guard checks, each over the batches trained since the last (0:
@@ -160,6 +165,11 @@ class SlipstreamConfig:
     # skip fraction of the run it controls (benchmarks/slipstream_policies.py --random-control
     # does). negatives_only and max_skip_fraction apply as for the other policies.
     random_skip_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        # `negative_downsampling=0` arrives as the int 0: the code reads a float rate or "auto".
+        if isinstance(self.negative_downsampling, int) and not isinstance(self.negative_downsampling, bool):
+            self.negative_downsampling = float(self.negative_downsampling)
 
     def validate(self) -> None:
         checks = [
@@ -193,7 +203,8 @@ class SlipstreamConfig:
                 "negative_downsampling",
                 self.negative_downsampling == "auto"
                 or (not isinstance(self.negative_downsampling, str) and 0 <= self.negative_downsampling < 1),
-                "auto (chosen from the data and guarded) or a fraction of the non-clicks in [0, 1)",
+                "auto (chosen from the data and guarded) or a fraction of the non-clicks in [0, 1) "
+                "(0: none; 1 would drop every non-click)",
             ),
             ("negatives_per_click", self.negatives_per_click > 0, "a positive number of non-clicks per click"),
             ("downsampling_guard_steps", self.downsampling_guard_steps >= 0, "0 (no guard) or a step count"),
@@ -238,6 +249,13 @@ class SlipstreamConfig:
                 ("quality_check", not self.quality_check, f"false with {why}: it steers how many inputs are dropped"),
             ]  # fmt: skip
         check_fields("slipstream", self, checks)
+
+    @property
+    def chosen(self) -> str:
+        """``slipstream=<preset>`` as the user chose it, with the policy where its name differs
+        (``slipstream=serve (policy paper_plus)``)."""
+        name = self.preset or self.policy.value
+        return f"slipstream={name}" + (f" (policy {self.policy.value})" if name != self.policy.value else "")
 
     @property
     def skips(self) -> bool:

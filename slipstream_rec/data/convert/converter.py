@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from slipstream_rec.data.convert.empty_columns import empty_columns
 from slipstream_rec.data.convert.npy_writer import NpyAppender
 from slipstream_rec.data.convert.source import BadRowsError, ParsedChunk, Source
 from slipstream_rec.data.convert.vocab import VocabCounter, Vocabulary
@@ -389,12 +390,20 @@ def source_digest(source: Source, bad_rows: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+EMPTY_COLUMN_FIX = (
+    "Fix: check that column of the input (an export that lost it, or the schema naming another "
+    "column), or leave it out of the schema"
+)
+
+
 def convert(source: Source, final: Path, *, bad_rows: str = "error", progress: bool = False) -> Path:
     """Convert ``source`` into the dataset directory ``final`` (resuming a partial run)."""
     if bad_rows not in ("error", "skip"):
         raise ValueError(f"data.bad_rows={bad_rows!r} is unknown. Fix: 'error' or 'skip'.")
     final = Path(final)
     digest = source_digest(source, bad_rows)
+    if final.is_dir() and not any(final.iterdir()):
+        final.rmdir()  # made by hand for the output (what the trainer's error suggests): no dataset yet
     if final.exists():
         meta = load_meta(final)
         if (meta.generator or {}).get("hash") != digest:
@@ -453,7 +462,9 @@ def convert(source: Source, final: Path, *, bad_rows: str = "error", progress: b
         logger.warning("convert: skipped malformed rows: %s", result["bad_rows"])
     (work / STATE_FILE).unlink()
     (work / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-    load_meta(work)  # every file present, shapes and row counts consistent
+    written = load_meta(work)  # every file present, shapes and row counts consistent
+    for line in empty_columns(written, EMPTY_COLUMN_FIX):
+        logger.warning("convert: %s", line)
     os.replace(work, final)
     logger.info("convert: %s -> %s, rows %s", source.name, final, result["rows"])
     return final

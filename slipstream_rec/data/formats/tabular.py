@@ -16,7 +16,9 @@ Values, per kind:
   empty field is missing (id 0). A multi-valued field's empty items are dropped.
 
 CSV/TSV are read in chunks of whole lines (rawfiles.py): quoted fields may hold the delimiter
-but not a newline. Parquet needs the optional ``pyarrow`` (``pip install 'slipstream_rec[parquet]'``).
+but not a newline, and may be of any length (Python's csv module stops at 128 KiB by default). A
+UTF-8 byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name; the
+delimiter is ``delimiter``, or found in the header line. Parquet needs the optional ``pyarrow`` (``pip install 'slipstream_rec[parquet]'``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ from slipstream_rec.data.formats.rawfiles import DEFAULT_CHUNK_BYTES, count_line
 __all__ = ["TabularSource", "text_key", "text_keys"]
 
 PARQUET_ROWS = 262_144
+BOM = "\ufeff"
+# Delimiters a header line is searched for when data.tabular.delimiter is null.
+_DELIMITERS = (",", ";", "\t", "|")
+# A long text field (a description, a JSON blob) is still one field: no limit below a chunk.
+csv.field_size_limit(2**31 - 1)
 # Label texts that usually mean a click: the example a bad-label message proposes as positive.
 _POSITIVE_WORDS = {"yes", "y", "true", "t", "click", "clicked", "positive", "pos"}
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -69,6 +76,18 @@ def _parquet():
     return pyarrow, pc, pq
 
 
+# Fields longer than this are replaced by a digest of their text before they become numpy
+# strings (fixed width: a 1 MiB field would make its whole column 4 MiB per row); the digest is
+# distinct per text (so a categorical value keeps its own id) and never a number.
+LONG_FIELD = 256
+
+
+def _field(text: str) -> str:
+    if len(text) <= LONG_FIELD:
+        return text
+    return "long-text:" + hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
 def _numbers(col: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Text -> float64 (empty = 0) and a bool 'ok' per row (finite number or empty)."""
     col = np.char.strip(col.astype(str))
@@ -96,6 +115,7 @@ class TabularSource(Source):
     def __init__(self, cfg: TabularConfig, key: str = "data.tabular", chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         super().__init__()
         self.cfg, self.key, self.chunk_bytes = cfg, key, chunk_bytes
+        self._found: Dict[str, str] = {}  # path -> the delimiter found in its header line
         if not cfg.inputs:
             raise ValueError(f"{key}.inputs is empty. Fix: {key}.inputs=[/path/clicks.csv] (CSV, TSV, .gz or Parquet).")
         check_split(cfg.split, f"{key}.split", has_eval_inputs=bool(cfg.eval_inputs), time_column=bool(cfg.time_column))
@@ -121,6 +141,8 @@ class TabularSource(Source):
         for c in [*cfg.dense_columns, *cfg.categorical_columns, *cfg.multi_hot_columns]:
             if not _NAME.match(str(c)):
                 raise ValueError(f"{key}: column name {c!r} cannot be a feature name (file names use it). Fix: rename the column to letters, digits, '_', '.', '-'.")
+        self._used = set(used + ([cfg.time_column] if cfg.time_column else []))
+        self._multi = set(cfg.multi_hot_columns)
         self.columns = self._check_columns(used + ([cfg.time_column] if cfg.time_column else []))
         self.dense_names = list(cfg.dense_columns)
         self.onehot = encodings_for(list(cfg.categorical_columns), cfg.encoding, {k: v for k, v in cfg.feature_encoding.items() if k in cfg.categorical_columns}, key)
@@ -152,20 +174,44 @@ class TabularSource(Source):
             if not self.cfg.column_names:
                 raise ValueError(f"{self.key}.header=false needs {self.key}.column_names (the columns in file order).")
             return [str(c) for c in self.cfg.column_names]
-        with open_raw(path) as f:
-            first = f.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+        first = self._first_line(path)
         if not first:
             raise ValueError(f"{path} is empty: no header line. Fix: check the file, or set {self.key}.header=false with column_names.")
-        return next(csv.reader([first], delimiter=self._delim()))
+        return next(csv.reader([first], delimiter=self._delim(path)))
 
-    def _delim(self) -> str:
-        return "\t" if self.format == "tsv" else ","
+    def _first_line(self, path: str) -> str:
+        with open_raw(path) as f:
+            return f.readline().decode("utf-8", errors="replace").rstrip("\r\n").removeprefix(BOM)
+
+    def _delim(self, path: str) -> str:
+        d = self.cfg.delimiter
+        if d is not None:
+            d = "\t" if d in ("tab", "\\t") else d
+            if len(d) != 1:
+                raise ValueError(f"{self.key}.delimiter={self.cfg.delimiter!r} is not one character. Fix: e.g. ',', ';', tab or '|'.")
+            return d
+        if self.format == "tsv":
+            return "\t"
+        if not self.cfg.header:
+            return ","
+        if path not in self._found:  # once per file: every chunk splits its lines the same way
+            line = self._first_line(path)
+            counts = {c: line.count(c) for c in _DELIMITERS}
+            best = max(_DELIMITERS, key=lambda c: counts[c])  # ties: the earlier (comma first)
+            self._found[path] = best if counts[best] else ","
+        return self._found[path]
 
     def _check_columns(self, needed: Sequence[str]) -> List[List[str]]:
         out = []
         for p in self.paths:
             cols = self._header(p)
             missing = [c for c in needed if c not in cols]
+            if missing and self.cfg.delimiter is None and len(cols) == 1 and self.format != "parquet":
+                raise ValueError(
+                    f"{p}: its header line reads as one column {cols}, so its delimiter is none of "
+                    f"{list(_DELIMITERS)}. Fix: set {self.key}.delimiter (delimiter: in the schema) to the "
+                    "character between its fields."
+                )
             if missing:
                 raise ValueError(
                     f"{p} has no column(s) {missing} named by the schema ({self.key}); it has "
@@ -180,13 +226,14 @@ class TabularSource(Source):
         if self.format == "parquet":
             yield from self._parquet_chunks(start)
             return
-        delim = self._delim()
         for c in iter_text_chunks(self.paths, start, self.chunk_bytes):
             lines = c.data.decode("utf-8", errors="replace").split("\n")[:-1]
             line0 = c.first_line
+            if c.first_line == 0 and lines:
+                lines[0] = lines[0].removeprefix(BOM)
             if self.cfg.header and c.first_line == 0:
                 lines, line0 = lines[1:], 1
-            rows = list(csv.reader(lines, delimiter=delim))
+            rows = self._rows(lines, self.paths[c.file_index], line0)
             names = self.columns[c.file_index]
             width = len(names)
             n = len(rows)
@@ -194,11 +241,34 @@ class TabularSource(Source):
             line_no = line0 - header + np.arange(n, dtype=np.int64)
             ok_width = np.array([len(r) == width for r in rows], dtype=bool)
             good = [r for r, ok in zip(rows, ok_width) if ok]
-            table = np.array(good, dtype=str).reshape(len(good), width) if good else np.empty((0, width), dtype=str)
-            cols = {name: table[:, i] for i, name in enumerate(names)}
+            # Only the schema's columns, each as wide as its longest field (bounded by _field):
+            # one array over all columns would be as wide as the file's longest field.
+            # Multi-hot fields stay whole (Python strings: split into items below, any length).
+            cols = {
+                name: np.array([r[i] for r in good], dtype=object) if name in self._multi
+                else np.array([_field(r[i]) for r in good], dtype=str)
+                for i, name in enumerate(names) if name in self._used
+            }  # fmt: skip
             chunk = self._parse(cols, c.file_index, line_no[ok_width], {"wrong column count": line_no[~ok_width]}, c.end, c.progress)
             chunk.line_offset = header
             yield chunk
+
+    def _rows(self, lines: List[str], path: str, line0: int) -> List[List[str]]:
+        """The lines split into fields; a line the csv module cannot read is a bad input naming
+        the file and line (not a traceback that leaves the partial conversion behind)."""
+        reader = csv.reader(lines, delimiter=self._delim(path))
+        rows: List[List[str]] = []
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return rows
+            except csv.Error as e:
+                raise ValueError(  # line0 + line_num: the 1-based line (the header is line 1)
+                    f"{path}, line {line0 + reader.line_num}: cannot be read as {self.format.upper()} "
+                    f"({e}). Fix: correct that line (quote a field that holds a line break) or remove it"
+                ) from None
+            rows.append(row)
 
     def _parquet_chunks(self, start: Optional[Dict[str, int]]) -> Iterator[ParsedChunk]:
         pa, pc, pq = _parquet()
@@ -318,5 +388,7 @@ class TabularSource(Source):
 
     def describe(self) -> Dict[str, Any]:
         d = asdict(self.cfg)
+        if d["delimiter"] is None:  # the default: datasets converted before the key keep their hash
+            del d["delimiter"]
         d["input_sizes"] = self.sizes
         return d
