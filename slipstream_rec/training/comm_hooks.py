@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, MutableMapping, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
@@ -34,7 +35,12 @@ def ddp_modules(model: nn.Module) -> List[DistributedDataParallel]:
     """Every DDP inside ``model`` (DMP's dense wrapper first when it has one), once each."""
     top = getattr(model, "_dmp_wrapped_module", None)
     found = [top] if isinstance(top, DistributedDataParallel) else []
-    found += [m for m in model.modules() if isinstance(m, DistributedDataParallel) and m is not top]
+    for m in model.modules():
+        # A sharded EBC keeps its lookups in a plain list (not a ModuleList): a data-parallel
+        # table's DDP is found there, not by modules().
+        for sub in [m, *getattr(m, "_lookups", [])]:
+            if isinstance(sub, DistributedDataParallel) and all(sub is not f for f in found):
+                found.append(sub)
     return found
 
 
@@ -57,7 +63,16 @@ def install_ddp_comm_hook(
     bytes into ``meter``; returns summary.json's ``ddp_comm_hook``. Local: no collective (every
     rank registers the same hook, so the all-reduces stay matched)."""
     per_step = {"dense": 0, "data_parallel": 0}
-    for i, ddp in enumerate(ddp_modules(model)):
+    modules = ddp_modules(model)
+    if hook is DDPCommHook.bf16 and modules and dist.get_backend(modules[0].process_group) != "nccl":
+        # PyTorch refuses it at registration ("BF16 all reduce communication hook required
+        # CUDA 11+ and NCCL 2.10+"); say so in the project's words, before anything runs
+        raise ValueError(
+            f"trainer.ddp_comm_hook=bf16 needs CUDA and NCCL (PyTorch refuses the bf16 hook on "
+            f"{dist.get_backend(modules[0].process_group)}). Fix: trainer.ddp_comm_hook=fp16 (the "
+            "same bytes), or none"
+        )
+    for i, ddp in enumerate(modules):
         if hook in _HOOKS:
             ddp.register_comm_hook(None, _HOOKS[hook])  # None: DDP's own process group
         kind = "dense" if i == 0 and ddp is getattr(model, "_dmp_wrapped_module", None) else "data_parallel"
