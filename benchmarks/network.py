@@ -175,8 +175,9 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
         "wire_bytes_per_node": tx, "wire_bytes_per_sample": sum(tx) / samples if samples else None,
         "program_bytes_per_sample": program,
         "qcomms": res.get("qcomms"), "ddp_comm_hook": res.get("ddp_comm_hook"),
-        "sharding_plan": sorted(set(res["sharding_plan"].values())) if isinstance(res.get("sharding_plan"), dict)
+        "sharding_types": sorted(set(res["sharding_plan"].values())) if isinstance(res.get("sharding_plan"), dict)
         else res.get("sharding"),
+        "sharding_plan": res.get("sharding_plan") if isinstance(res.get("sharding_plan"), dict) else None,
     }  # fmt: skip
 
 
@@ -261,7 +262,9 @@ def print_table(summary: Dict[str, Any], pair_with: str) -> None:
         print(f"{pair_with}'s communication share at {rate}: {s:.1%} (1 - unshaped time / shaped time)")
     print("wire B/sample: every byte the nodes' interfaces sent (setup, evaluation and TCP/IP headers included) "
           "over trained samples; program B/sample: summary.json's count, every rank's sends including the share "
-          "a rank sends itself, training collectives only")
+          "a rank sends itself, training collectives only. Where they differ: a rank's share to itself never "
+          "reaches the wire (half of a 2-rank all-to-all), gloo's ring all-reduce sends about 2(W-1)/W of its "
+          "buffer, and the wire also carries evaluation, setup, Slipstream's tracking and TCP/IP headers")
 
 
 def _raise_on(signum: int, _frame: Any) -> None:
