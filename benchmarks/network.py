@@ -238,7 +238,8 @@ def figure(summary: Dict[str, Any], rates: List[str], path: Path) -> None:
     for r, s in share.items():
         ax.annotate(f"{summary['communication_share']['job']} comm {s:.0%}", (netns.rate_bits(r) / 1e6, 0),
                     xycoords=("data", "axes fraction"), textcoords="offset points", xytext=(0, 6), fontsize=7, ha="center")
-    ax.set_xscale("log")
+    if shaped:
+        ax.set_xscale("log")
     ax.set_xlabel("link rate per node, Mbit/s (dashed: unshaped)")
     ax.set_ylabel("trained samples / s")
     ax.set_title(f"{len(summary.get('nodes', [])) or ''} emulated nodes, one rank each")
@@ -303,7 +304,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"removed namespaces left by killed runs: {' '.join(stale)}")
     old = {s: signal.signal(s, _raise_on) for s in (signal.SIGTERM, signal.SIGHUP)}
     runs: List[Dict[str, Any]] = []
-    out = ROOT / args.out
+    out = ROOT / args.out  # an absolute --out stays as it is
     try:
         golden = dataset_and_model(base) if any(j.golden for j in jobs) else None
         with netns.Cluster(args.nodes) as cluster, tempfile.TemporaryDirectory(prefix="network-") as tmp:
@@ -338,16 +339,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     summary["nodes"] = [f"node {i}" for i in range(args.nodes)]
     out.parent.mkdir(parents=True, exist_ok=True)
     fig = out.with_suffix(".png")
-    figure(summary, rates, fig)
     result = {
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]) if argv is None
         else " ".join(["benchmarks/network.py", *argv]),
         "nodes": args.nodes, "rates": rates, "seeds": args.seeds, "base": base,
-        "jobs": {j.name: j.overrides for j in jobs}, "runs": runs, **summary, "figure": str(fig.relative_to(ROOT)),
+        "jobs": {j.name: j.overrides for j in jobs}, "runs": runs, **summary, "figure": str(fig),
     }  # fmt: skip
-    out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(result, indent=1))  # before the figure: a plotting error loses no run
+    figure(summary, rates, fig)
     print_table(summary, args.pair_with)
-    print(f"wrote {out.relative_to(ROOT)} and {fig.relative_to(ROOT)}")
+    print(f"wrote {out} and {fig}")
     return 0
 
 
