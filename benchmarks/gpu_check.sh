@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The GPU check in one call (issue 12), at most about 8 minutes on one GPU:
-#   1. the GPU tests (tests/test_gpu.py, pytest -m gpu);
-#   2. 1-GPU nccl trainings on the synthetic data: paper_plus and off with fused_uvm_caching
-#      (GPU cache of 5% of each table's rows: smaller than the tables, the cold rows in host
-#      memory; FBGEMM's cache statistics on), and paper_plus with fused (every row in GPU memory);
-#   3. off and serve (Slipstream's serve action) on the quick click log, fused_uvm_caching;
-#   4. one line per training: samples/s, skip fraction, served fraction, embedding all-to-all
-#      bytes per trained sample, GPU-cache hit rate, host-to-device bytes, test AUC (summary.json).
-# Without a CUDA device it runs what it can on CPU (the planner's CUDA-topology tests, the cache
-# flush and precision tests, one short 2-process CPU training with paper_plus and fused) and says
-# what it skipped and why. Exit status: 0 when everything that ran passed.
+# The GPU check in one call, on every visible GPU (about 5 minutes on one GPU, under 10 on 8):
+#   1. the GPU tests (tests/test_gpu.py and the page-locking test, pytest -m gpu) and the CPU
+#      checks of the GPU path (sync audit, fake-device run, nccl routing);
+#   2. off and serve on the quick click log, on 1 GPU and on all N GPUs (nccl), with
+#      trainer.sync_audit=true: per plain steady-state step the device syncs of ours and of
+#      TorchRec counted by the audit, and the ones CUDA itself reports
+#      (torch.cuda.set_sync_debug_mode("warn")); one serve run also writes a short
+#      torch.profiler trace (trainer.profile_steps) into its run directory;
+#   3. paper_plus with fused_uvm_caching on the synthetic data (a GPU cache of 5% of each
+#      table's rows, FBGEMM's cache statistics on);
+#   4. one table: samples/s, served fraction, embedding bytes per sample, test AUC, syncs.
+# Without a CUDA device it runs what it can on CPU (the CPU checks of the GPU path, the planner's
+# CUDA-topology tests, a short 2-process serve training with the audit) and says what it
+# skipped and why. Exit status: 0 when everything that ran passed.
 #
 #   benchmarks/gpu_check.sh [OUT_DIR]      (default: /tmp/slipstream_gpu_check)
 set -uo pipefail
@@ -25,80 +28,62 @@ start=$(date +%s)
 
 step() { echo; echo "== $* ($(($(date +%s) - start)) s)"; }
 
-report() {  # report NAME RUN_DIR: one line from summary.json
-  "$PY" - "$1" "$2" <<'EOF'
-import json, sys
-name, run = sys.argv[1], sys.argv[2]
-try:
-    s = json.load(open(f"{run}/summary.json"))
-except OSError as e:
-    print(f"{name:28s} no summary ({e})"); sys.exit(1)
-cache = s.get("embedding_cache") or {}
-hit = cache.get("hit_rate")
-h2d = cache.get("h2d_bytes")
-print(f"{name:28s} samples/s={s['samples_per_second']:.0f} skip_fraction={s['skip_fraction']:.3f} "
-      f"cache_hit_rate={'n/a' if hit is None else f'{hit:.4f}'} "
-      f"h2d_MB={'n/a' if h2d is None else f'{h2d / 2**20:.1f}'} test_auc={s['test_auc']:.4f} "
-      f"slipstream_state_MB={s.get('slipstream_state_bytes', 0) / 2**20:.2f} steps={s['steps']} "
-      f"served_fraction={s.get('served_fraction', 0):.3f} "
-      f"a2a_bytes_per_sample={(s.get('a2a_bytes_per_sample') or {}).get('total', 0):.0f}")
-EOF
+report() {  # report NAME RUN_DIR: one line from summary.json and sync_audit_rank0.json
+  "$PY" benchmarks/gpu_check_report.py "$1" "$2"
 }
 
-train() {  # train NAME TIMEOUT_S LAUNCHER... -- OVERRIDES...
+train() {  # train NAME TIMEOUT_S LAUNCHER... OVERRIDES...
   local name=$1 limit=$2; shift 2
   local run="$OUT/runs/$name"
   rm -rf "$run"
   if timeout "$limit" "$@" "trainer.run_dir=$run" >"$OUT/$name.log" 2>&1; then
-    report "$name" "$run" || failed=1
+    report "$name" "$run" >>"$OUT/table.txt" || failed=1
+    tail -1 "$OUT/table.txt"
   else
     echo "$name: FAILED or timed out after ${limit}s (log: $OUT/$name.log)"; tail -5 "$OUT/$name.log"; failed=1
   fi
 }
 
-COMMON=(data=synthetic "data.root=$DATA" trainer.progress_bar=false trainer.tensorboard=false
-        trainer.eval_every_steps=0 trainer.checkpoint.enabled=false)
+: >"$OUT/table.txt"
+QUICK=(experiment=clicklog_quick "data.root=$DATA" trainer.progress_bar=false trainer.tensorboard=false
+       trainer.checkpoint.enabled=false trainer.sync_audit=true)
+CPU_CHECKS=(tests/training/test_sync_audit.py tests/training/test_fake_device.py tests/slipstream/test_routing_dist.py)
 
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  "$PY" -c "import torch; print('CUDA:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
-  step "GPU tests (pytest -m gpu tests/test_gpu.py)"
-  timeout 240 "$PY" -m pytest -q -m gpu tests/test_gpu.py || failed=1
+  N=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+  "$PY" -c "import torch; print('CUDA:', torch.cuda.device_count(), 'x', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
+  step "GPU tests, page-locking, and the CPU checks of the GPU path"
+  timeout 300 "$PY" -m pytest -q -m "gpu or not gpu" tests/test_gpu.py tests/data/test_pin_memory.py "${CPU_CHECKS[@]}" || failed=1
 
-  step "1-GPU nccl trainings (600 steps of 4096)"
-  GPU=(trainer.device=cuda trainer.max_steps=600 trainer.batch_size=4096)
-  CACHING=(sharding.compute_kernel=fused_uvm_caching sharding.cache_load_factor=0.05 sharding.cache_stats=true)
-  train paper_plus_uvm_caching 150 "$BIN/slipstream-train" "${COMMON[@]}" "${GPU[@]}" slipstream=paper_plus "${CACHING[@]}"
-  train off_uvm_caching 120 "$BIN/slipstream-train" "${COMMON[@]}" "${GPU[@]}" slipstream=off "${CACHING[@]}"
-  train paper_plus_fused 120 "$BIN/slipstream-train" "${COMMON[@]}" "${GPU[@]}" slipstream=paper_plus sharding.compute_kernel=fused
+  step "off and serve on the quick click log: 1 GPU, then $N GPU(s) (nccl), with the sync audit"
+  train off_1gpu 150 "$BIN/slipstream-train" "${QUICK[@]}" trainer.device=cuda slipstream=off
+  train serve_1gpu 150 "$BIN/slipstream-train" "${QUICK[@]}" trainer.device=cuda slipstream=serve trainer.profile_steps=5
+  if [ "$N" -gt 1 ]; then
+    TR=("$BIN/torchrun" --standalone --nproc_per_node "$N" -m slipstream_rec.train)
+    train "off_${N}gpu" 200 "${TR[@]}" "${QUICK[@]}" trainer.device=cuda slipstream=off
+    train "serve_${N}gpu" 200 "${TR[@]}" "${QUICK[@]}" trainer.device=cuda slipstream=serve
+  fi
 
-  step "1-GPU nccl trainings, off and serve on the quick click log (fused_uvm_caching)"
-  QUICK=(experiment=clicklog_quick "data.root=$DATA" trainer.progress_bar=false trainer.tensorboard=false
-         trainer.checkpoint.enabled=false trainer.device=cuda)
-  train off_clicklog_quick 150 "$BIN/slipstream-train" "${QUICK[@]}" slipstream=off "${CACHING[@]}"
-  train serve_clicklog_quick 150 "$BIN/slipstream-train" "${QUICK[@]}" slipstream=serve "${CACHING[@]}"
+  step "paper_plus with fused_uvm_caching on synthetic (300 steps of 4096)"
+  train paper_plus_uvm_caching 150 "$BIN/slipstream-train" data=synthetic "data.root=$DATA" \
+    trainer.progress_bar=false trainer.tensorboard=false trainer.eval_every_steps=0 \
+    trainer.checkpoint.enabled=false trainer.device=cuda trainer.max_steps=300 trainer.batch_size=4096 \
+    slipstream=paper_plus sharding.compute_kernel=fused_uvm_caching sharding.cache_load_factor=0.05 \
+    sharding.cache_stats=true
 else
   echo "SKIPPED (no CUDA device: torch.cuda.is_available() is False on this machine):"
-  echo "  - tests/test_gpu.py (pytest -m gpu): they need a GPU, nccl and the CUDA fbgemm-gpu"
-  echo "  - the 1-GPU nccl trainings with fused_uvm_caching and fused, and their cache hit rates:"
-  echo "    FBGEMM's caching kernels (fused_uvm_caching, fused_uvm) exist on CUDA only"
-  echo "  - off and serve on one GPU (nccl, fused_uvm_caching): samples/s, bytes, cache hit rate"
-  step "CPU: planner on a CUDA topology, cache flush before snapshots, precision, key-value refusal"
-  timeout 300 "$PY" -m pytest -q tests/sharding/test_plan.py tests/training/test_precision.py \
-    tests/slipstream/test_scale.py || failed=1
+  echo "  - tests/test_gpu.py and the page-locking test (pytest -m gpu): they need a GPU, nccl and the CUDA fbgemm-gpu"
+  echo "  - off and serve on 1 and N GPUs with nccl: samples/s, CUDA's own sync warnings, the profiler trace"
+  echo "  - fused_uvm_caching and its cache hit rate: FBGEMM's caching kernels exist on CUDA only"
+  step "CPU: the checks of the GPU path (sync audit, fake device, routing), the planner on a CUDA topology"
+  timeout 300 "$PY" -m pytest -q "${CPU_CHECKS[@]}" tests/sharding/test_plan.py tests/training/test_precision.py || failed=1
 
-  step "CPU: a short 2-process gloo training, paper_plus with fused (the GPU run's fused line)"
-  CPU=(trainer.max_steps=120 trainer.batch_size=1024 data.synthetic.num_train=300000
-       data.synthetic.num_val=20000 data.synthetic.num_test=20000 data.name=gpu_check_cpu
-       slipstream.count_steps=40 slipstream.snapshot_interval=20)
-  train paper_plus_fused_cpu 240 "$BIN/torchrun" --standalone --nproc_per_node 2 -m slipstream_rec.train \
-    "${COMMON[@]}" "${CPU[@]}" slipstream=paper_plus sharding.compute_kernel=fused
-
-  step "CPU: serve on the quick click log, 2-process gloo (the GPU run's serve line)"
+  step "CPU: serve on the quick click log, 2-process gloo, with the sync audit (the GPU run's serve line)"
   train serve_clicklog_quick_cpu 240 "$BIN/torchrun" --standalone --nproc_per_node 2 -m slipstream_rec.train \
-    experiment=clicklog_quick "data.root=$DATA" trainer.progress_bar=false trainer.tensorboard=false \
-    trainer.checkpoint.enabled=false slipstream=serve sharding.compute_kernel=fused
+    "${QUICK[@]}" slipstream=serve
 fi
 
 step "done"
+echo "table ($OUT/table.txt):"; cat "$OUT/table.txt"
 [ "$failed" = 0 ] && echo "gpu_check: OK" || echo "gpu_check: FAILED (see above)"
 exit "$failed"

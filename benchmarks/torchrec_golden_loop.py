@@ -16,10 +16,12 @@ mode, TorchRec's reader over test_*.npy, the metrics gathered from every rank):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -58,6 +60,9 @@ def main() -> None:
     p.add_argument("--embedding-dim", type=int, default=16)
     p.add_argument("--qcomms", default="", help="FWD:BWD precisions of TorchRec's quantized comms, e.g. "
                    "fp16:bf16 (its golden example's choice); empty: off")
+    p.add_argument("--sync-audit", default=None, metavar="PREFIX",
+                   help="count each step's device-synchronizing ops (slipstream_rec/training/sync_audit.py) "
+                        "into PREFIX_rank<r>.json")
     args = p.parse_args()
     sizes = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
 
@@ -125,17 +130,30 @@ def main() -> None:
     )
     loader = DataLoader(datapipe, batch_size=None, pin_memory=False, num_workers=0)
     it = iter(loader)
+    audit = None
+    if args.sync_audit:
+        from slipstream_rec.training.sync_audit import SyncAudit
+
+        audit = SyncAudit()
+        audit.taint_module(dmp)
+        audit.attach(pipeline)
+        it = audit.data_side(it)
 
     steps = 0
     dist.barrier()
     start = time.perf_counter()
-    while args.steps == 0 or steps < args.steps:
-        try:
-            pipeline.progress(it)
-        except StopIteration:
-            break
-        steps += 1
+    with audit if audit is not None else contextlib.nullcontext():
+        while args.steps == 0 or steps < args.steps:
+            try:
+                pipeline.progress(it)
+            except StopIteration:
+                break
+            steps += 1
+            if audit is not None:
+                audit.end_step(steps, [])
     seconds = time.perf_counter() - start
+    if audit is not None:
+        audit.write(Path(f"{args.sync_audit}_rank{rank}.json"))
     result = {}
     if args.test:
         # the pipeline rewired the sparse modules' forward for pipelining: detach restores it

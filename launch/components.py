@@ -65,6 +65,9 @@ def _slipstream_check_j(j: str) -> None:
         )
 
 
+_GLOO_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
 def _slipstream_default_env(
     env: Optional[Dict[str, str]], uses_gpu: bool
 ) -> Dict[str, str]:
@@ -74,6 +77,10 @@ def _slipstream_default_env(
         # honour the launcher's $LOGLEVEL like dist.ddp does
         "LOGLEVEL": os.environ.get("LOGLEVEL", "WARNING"),
     }
+    # Every job has gloo collectives (a GPU job's side group for host tensors too): forward the
+    # launcher's choice of their network interface (on a multi-homed node the default one may
+    # be unreachable from the other nodes).
+    merged.update({k: v for k, v in os.environ.items() if k in _GLOO_IFNAME_VARS})
     if uses_gpu:
         # forward the launcher's NCCL_* knobs (e.g. NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE)
         merged.update({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
@@ -122,7 +129,7 @@ def train(
         memMB: cpu memory in MB per node (replica); ignored if h is set
         h: a registered named resource (e.g. aws_p4d.24xlarge); takes precedence over cpu, gpu and memMB
         env: environment variables for the job (e.g. LOGLEVEL=DEBUG,NCCL_DEBUG=INFO); these override the defaults
-            (LOGLEVEL=$LOGLEVEL or WARNING; CPU jobs OMP_NUM_THREADS=1; GPU jobs the launcher's NCCL_* vars and NCCL_DEBUG=WARN)
+            (LOGLEVEL=$LOGLEVEL or WARNING; the launcher's GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME; CPU jobs OMP_NUM_THREADS=1; GPU jobs the launcher's NCCL_* vars and NCCL_DEBUG=WARN)
         max_retries: restarts after a failure: torchrun restarts the worker group in place (--max_restarts), and
             schedulers that retry whole jobs (Kubernetes, Slurm) get the same count; the restarted workers
             resume from the run's newest checkpoint

@@ -45,7 +45,16 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
                 "trainer.device=cuda but torch sees no GPU (torch.cuda.is_available() is False); "
                 "use trainer.device=auto or cpu"
             )
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        gpus = torch.cuda.device_count()
+        if local_rank >= gpus:
+            # local_rank % gpus would put two ranks on one GPU: each half as fast, and the
+            # planner's memory per device would be wrong
+            raise ValueError(
+                f"local rank {local_rank} but this node has {gpus} visible GPU(s): one rank per "
+                f"GPU. Fix: start at most {gpus} processes per node (--nproc / nproc_per_node), "
+                "or make more GPUs visible (CUDA_VISIBLE_DEVICES)"
+            )
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         return device
     return torch.device("cpu")
@@ -155,29 +164,39 @@ def all_reduce_(t: torch.Tensor, op: Any = None) -> torch.Tensor:
     return t
 
 
-def gather_varlen(t: torch.Tensor) -> torch.Tensor:
+def gather_varlen(
+    t: torch.Tensor, lengths: Optional[List[int]] = None, with_lengths: bool = False, bulk: bool = False
+) -> Any:
     """Concatenate every rank's 1-D tensor (lengths may differ), in rank order, on every rank.
 
-    Routed like ``all_reduce_``: a CPU tensor under nccl goes through the gloo side group,
-    anything else through the default group on the backend's device (and back).
-    Collective: all ranks enter (two all_gathers: lengths, then padded values).
+    Routing: ``bulk`` (row values and gradients: the replica, the push) goes through the main
+    backend, moved to its device (the GPU under nccl) and returned there; anything else is a
+    small host tensor (keys, counts, flags) and is routed like ``all_reduce_`` (the gloo side
+    group under nccl) and returned where it came from. ``lengths``: every rank's numel, when the
+    caller knows them (no size exchange, so nothing is read back from a device); else they are
+    exchanged first. ``with_lengths``: return ``(tensor, lengths)``.
+    Collective: all ranks enter (one all_gather of the sizes unless ``lengths``, then one of
+    the values padded to the longest).
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return t
-    home = t.device
-    group = _CPU_GROUP if home.type == "cpu" and _CPU_GROUP is not None else None
+        return (t, [t.numel()]) if with_lengths else t
+    home = collective_device() if bulk else t.device
+    group = _CPU_GROUP if not bulk and t.device.type == "cpu" and _CPU_GROUP is not None else None
     if group is None:
         t = t.to(collective_device())  # nccl gathers CUDA tensors only
     world = dist.get_world_size()
-    n = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n, group=group)
-    lengths = [int(s.item()) for s in sizes]
+    if lengths is None:
+        n = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
+        sizes = [torch.zeros_like(n) for _ in range(world)]
+        dist.all_gather(sizes, n, group=group)
+        lengths = torch.cat(sizes).tolist()  # one read (of a device tensor under nccl: a sync)
+    assert lengths[dist.get_rank()] == t.numel(), "lengths[rank] is this rank's numel"
     padded = torch.zeros(max(lengths), dtype=t.dtype, device=t.device)
     padded[: t.numel()] = t
     parts: List[torch.Tensor] = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded, group=group)
-    return torch.cat([p[:k] for p, k in zip(parts, lengths)]).to(home)
+    out = torch.cat([p[:k] for p, k in zip(parts, lengths)]).to(home)
+    return (out, list(lengths)) if with_lengths else out
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

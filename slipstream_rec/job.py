@@ -170,6 +170,7 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
         log,
         slipstream,
         checkpointer,
+        run_dir=run_dir,
     )
     try:
         if resume is not None:
@@ -196,6 +197,8 @@ def run(job: JobConfig, env: DistEnv) -> Dict[str, Any]:
             f"sharding={sorted(set(plan.values()))} policy={job.slipstream.policy.value}"
         )
         trainer.fit()
+        if trainer.audit is not None:  # trainer.sync_audit: every rank writes its own counts
+            trainer.audit.write(run_dir / f"sync_audit_rank{env.rank}.json")
         if tr.checkpoint.enabled and tr.checkpoint.at_end:
             trainer.save_checkpoint()  # all ranks
         metrics = trainer.finish()

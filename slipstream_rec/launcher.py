@@ -49,10 +49,18 @@ def first_error_line(directory: Path) -> Optional[Tuple[int, str]]:
 def explain_failure(failures: Dict[int, "ProcessFailure"], errors: Path) -> Tuple[str, int]:
     """The one line and the exit code for a job whose ranks failed."""
     def killed(rank: int, failure: "ProcessFailure") -> Tuple[str, int]:
+        sig = signal.Signals(-failure.exitcode)
+        why = (
+            # NCCL's watchdog aborts the process when a collective outlives its timeout
+            "NCCL's watchdog: a collective waited longer than trainer.collective_timeout_s for "
+            "another rank, see the ranks' logs; or out of memory"
+            if sig == signal.SIGABRT
+            else "out of memory, or stopped from outside"
+        )
         return (
-            f"slipstream-train: error: rank {rank} was killed by {signal.Signals(-failure.exitcode).name} "
-            "(out of memory, or stopped from outside). Fix: rerun the same command (it resumes from "
-            "the newest checkpoint), or add --max-restarts N to restart lost ranks", EXIT_LOST_RANK,
+            f"slipstream-train: error: rank {rank} was killed by {sig.name} ({why}). Fix: rerun the "
+            "same command (it resumes from the newest checkpoint), or add --max-restarts N to "
+            "restart lost ranks", EXIT_LOST_RANK,
         )  # fmt: skip
 
     # The agent stops the other ranks with SIGTERM once one fails: that is not the cause.

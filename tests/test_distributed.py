@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from slipstream_rec import distributed
@@ -41,3 +42,12 @@ def test_cpu_collectives_take_the_gloo_side_group_without_device_copies():
         assert in_place and flag == 1 and total == 3.0
         assert obj == {"rank": 1} and gathered == [0, 10]
         assert group_after_close is None
+
+
+def test_more_ranks_than_gpus_is_refused_not_doubled_up(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    assert distributed.resolve_device("auto", 1) == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match=r"local rank 2 but this node has 2 visible GPU\(s\).*at most 2 processes per node"):
+        distributed.resolve_device("auto", 2)

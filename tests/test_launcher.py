@@ -81,3 +81,19 @@ def test_nproc_is_refused_under_torchrun_and_max_restarts_needs_it(tmp_path):
     assert r.returncode == 2 and "under torchrun or TorchX leave it out" in r.stderr
     r = _train(tmp_path, "--max-restarts", "1", *SMOKE)
     assert r.returncode == 2 and "goes with --nproc" in r.stderr
+
+
+def test_a_rank_killed_by_sigabrt_is_explained_as_nccls_watchdog(tmp_path):
+    # NCCL's watchdog aborts a rank whose collective outlived its timeout: the line says so
+    # instead of "out of memory"; the peers stopped by the agent (SIGTERM) are not the cause.
+    import signal
+    from types import SimpleNamespace
+
+    from slipstream_rec.launcher import EXIT_LOST_RANK, explain_failure
+
+    failures = {0: SimpleNamespace(exitcode=-signal.SIGTERM), 1: SimpleNamespace(exitcode=-signal.SIGABRT)}
+    line, code = explain_failure(failures, tmp_path)
+    assert code == EXIT_LOST_RANK and line.startswith("slipstream-train: error: rank 1 was killed by SIGABRT")
+    assert "NCCL's watchdog" in line and "trainer.collective_timeout_s" in line
+    line, _ = explain_failure({0: SimpleNamespace(exitcode=-signal.SIGKILL)}, tmp_path)
+    assert "killed by SIGKILL (out of memory, or stopped from outside)" in line

@@ -19,7 +19,7 @@ from slipstream_rec.data.meta import (
     multi_hot_files,
     split_file,
 )
-from slipstream_rec.data.types import Batch
+from slipstream_rec.data.types import Batch, host_kjt
 
 logger = logging.getLogger("slipstream_rec.data")
 
@@ -248,12 +248,7 @@ class NpyBatchLoader:
                     lens.append(np.ones(b, dtype=np.int32))
             values = np.concatenate(parts)
             lengths = torch.from_numpy(np.concatenate(lens))
-        kjt = KeyedJaggedTensor(
-            keys=self.keys,
-            values=torch.from_numpy(values),
-            lengths=lengths,
-            stride=b,
-        )
+        kjt = host_kjt(self.keys, torch.from_numpy(values), lengths, b)
         return Batch(
             dense_features=torch.from_numpy(dense),
             sparse_features=kjt,

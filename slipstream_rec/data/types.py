@@ -11,6 +11,36 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 @dataclass
+class ServedRows:
+    """The rows a split batch's served samples looked up, keyed on the host when the batch is
+    split (slipstream/push.py ``served_rows``), so that the training step sums their gradients
+    with one ``index_add_`` into a buffer whose size the host already knows.
+
+    ``keys`` and ``counts`` stay on the host (the push and the hot-set counts read them there);
+    ``inverse`` and ``bags`` travel to the device with the batch.
+    """
+
+    keys: torch.Tensor  # (K,) int64 sorted distinct flat keys (slipstream/rows.py RowIndex)
+    counts: torch.Tensor  # (K,) int64 lookups of each key
+    inverse: torch.Tensor  # (lookups,) int64: each lookup's position in ``keys``
+    bags: Optional[torch.Tensor] = None  # (lookups,) int64 bag of each lookup; None: one id per bag
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "ServedRows":
+        move = lambda t: t.to(device=device, non_blocking=non_blocking)  # noqa: E731
+        bags = None if self.bags is None else move(self.bags)
+        return ServedRows(self.keys, self.counts, move(self.inverse), bags)
+
+    def pin_memory(self) -> "ServedRows":
+        bags = None if self.bags is None else self.bags.pin_memory()
+        return ServedRows(self.keys, self.counts, self.inverse.pin_memory(), bags)
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        self.inverse.record_stream(stream)
+        if self.bags is not None:
+            self.bags.record_stream(stream)
+
+
+@dataclass
 class Batch(TorchRecBatch):
     """TorchRec's criteo ``Batch`` plus a per-sample loss weight.
 
@@ -18,20 +48,25 @@ class Batch(TorchRecBatch):
     sample with probability p and sets its weight to 1/p, so the loss must be weighted per sample.
     Subclassing TorchRec's ``Batch`` keeps ``TrainPipelineSparseDist`` able to trace
     ``batch.sparse_features`` as a pipelined input.
+
+    Every tensor of a batch the data side hands over is a host tensor: the pipeline pins it and
+    copies it to the device (tests/training/test_fake_device.py).
     """
 
     weights: torch.Tensor = None  # type: ignore[assignment]  # (B,) float32; filled in __post_init__
     # Slipstream's serve action (slipstream/serving.py). Before the ranks agree on the split:
     # ``servable`` (B,) bool marks the samples whose lookups all hit the local replica of stale
-    # rows, ``served_pooled`` holds their pooled embeddings (n_servable, F, D) in sample order.
-    # After the split: ``sparse_features`` holds only the first S samples (the sharded part, S
-    # agreed by all ranks), the last B - S samples are answered by ``served_pooled``
-    # (B - S, F, D) and ``served_features`` (their ids, B - S samples; their gradients are pushed
-    # to the shards later, slipstream/push.py), and ``servable`` is None. All None: every sample
-    # goes through the shards.
+    # rows, ``served_pooled`` holds their pooled embeddings (n_servable, F, D) in sample order,
+    # computed on the host from the replica (which lives there). After the split:
+    # ``sparse_features`` holds only the first S samples (the sharded part, S agreed by all
+    # ranks), the last B - S samples are answered by ``served_pooled`` (B - S, F, D) with
+    # ``served_features`` (their ids, B - S samples) and ``served_rows`` (the rows those ids
+    # hit, whose gradients are pushed to the shards later, slipstream/push.py), and
+    # ``servable`` is None. All None: every sample goes through the shards.
     servable: Optional[torch.Tensor] = None
     served_pooled: Optional[torch.Tensor] = None
     served_features: Optional[KeyedJaggedTensor] = None
+    served_rows: Optional[ServedRows] = None
 
     def __post_init__(self) -> None:
         if self.weights is None:
@@ -46,7 +81,7 @@ class Batch(TorchRecBatch):
         """Samples that go through the sharded embeddings (all of them unless split for serving)."""
         return int(self.sparse_features.stride())
 
-    def _map(self, fn) -> "Batch":  # type: ignore[no-untyped-def]
+    def _map(self, fn, rows_fn) -> "Batch":  # type: ignore[no-untyped-def]
         return Batch(
             dense_features=fn(self.dense_features),
             sparse_features=fn(self.sparse_features),
@@ -54,20 +89,51 @@ class Batch(TorchRecBatch):
             weights=fn(self.weights),
             servable=None if self.servable is None else fn(self.servable),
             served_pooled=None if self.served_pooled is None else fn(self.served_pooled),
-            served_features=None if self.served_features is None else fn(self.served_features),
+            served_features=self.served_features,  # host bookkeeping (checkpoints): never moved
+            served_rows=None if self.served_rows is None else rows_fn(self.served_rows),
         )
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
-        return self._map(lambda t: t.to(device=device, non_blocking=non_blocking))
+        return self._map(
+            lambda t: t.to(device=device, non_blocking=non_blocking),
+            lambda r: r.to(device, non_blocking),
+        )
 
     def record_stream(self, stream: torch.Stream) -> None:
         super().record_stream(stream)
         self.weights.record_stream(stream)
         if self.served_pooled is not None:
             self.served_pooled.record_stream(stream)
+        if self.served_rows is not None:
+            self.served_rows.record_stream(stream)
 
     def pin_memory(self) -> "Batch":
-        return self._map(lambda t: t.pin_memory())
+        return self._map(lambda t: t.pin_memory(), lambda r: r.pin_memory())
+
+
+def host_kjt(
+    keys: list[str],
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    stride: int,
+    weights: Optional[torch.Tensor] = None,
+) -> KeyedJaggedTensor:
+    """A KJT of host tensors whose lengths and offsets per key are computed here, on the host.
+
+    TorchRec's input dist needs them (the splits of its all-to-all); a KJT without them makes it
+    sum the lengths after the copy to the device and read the sums back, a host wait every step
+    (TorchRec's own Criteo reader precomputes them for this reason). ``lengths`` must be a host
+    tensor, feature-major (keys x stride).
+    """
+    assert lengths.device.type == "cpu", "host_kjt takes host lengths"
+    per_key = lengths.view(len(keys), stride).sum(1, dtype=torch.int64).tolist() if keys else []
+    offsets = [0]
+    for n in per_key:
+        offsets.append(offsets[-1] + int(n))
+    return KeyedJaggedTensor(
+        keys=keys, values=values, lengths=lengths, weights=weights, stride=stride,
+        length_per_key=[int(n) for n in per_key], offset_per_key=offsets,
+    )  # fmt: skip
 
 
 def make_kjt(keys: list[str], ids: torch.Tensor) -> KeyedJaggedTensor:
@@ -77,9 +143,5 @@ def make_kjt(keys: list[str], ids: torch.Tensor) -> KeyedJaggedTensor:
     """
     batch_size, num_features = ids.shape
     assert num_features == len(keys), (num_features, keys)
-    return KeyedJaggedTensor(
-        keys=keys,
-        values=ids.t().contiguous().view(-1),
-        lengths=torch.ones(batch_size * num_features, dtype=torch.int32),
-        stride=batch_size,
-    )
+    lengths = torch.ones(batch_size * num_features, dtype=torch.int32)
+    return host_kjt(keys, ids.t().contiguous().view(-1), lengths, batch_size)

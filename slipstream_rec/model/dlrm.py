@@ -67,7 +67,7 @@ class DLRMTask(nn.Module):
     def __init__(self, dlrm: nn.Module) -> None:
         super().__init__()
         self.model = dlrm
-        # (served ids, leaf of their pooled embeddings) of the last training forward; the
+        # (served rows, leaf of their pooled embeddings) of the last training forward; the
         # Slipstream controller takes it after backward (``take_served``).
         self.served: Optional[Tuple[Any, torch.Tensor]] = None
 
@@ -90,7 +90,7 @@ class DLRMTask(nn.Module):
             # read after backward and pushed to the shards later (slipstream/push.py).
             served = batch.served_pooled.detach().to(embedded_sparse.dtype).requires_grad_(self.training)
             if self.training:
-                self.served = (batch.served_features, served)
+                self.served = (batch.served_rows, served)
             embedded_sparse = torch.cat([embedded_sparse, served])
         concatenated = dlrm.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
         logits = dlrm.over_arch(concatenated).squeeze(-1)

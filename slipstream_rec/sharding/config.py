@@ -90,8 +90,9 @@ class ShardingConfig:
     # Cache rows per hot row measured, when sizing the cache from a summary (headroom for the
     # rows that become hot later and for the cache's set associativity).
     cache_hot_margin: float = 1.5
-    # Planner's GPU memory per device in GiB (0: TorchRec's default for the device type). Lower
-    # it to plan a GPU with less room, e.g. to force the caching kernel in a check.
+    # Planner's GPU memory per device in GiB (0: the memory of this machine's GPUs, or TorchRec's
+    # default of 32 GB when planning a CUDA topology without one). Lower it to plan a GPU with
+    # less room, e.g. to force the caching kernel in a check.
     hbm_cap_gb: float = 0.0
     # CUDA: have FBGEMM gather its GPU-cache statistics (fused_uvm_caching tables), reported in
     # summary.json as embedding_cache (hit rate, host-to-device bytes). Costs a little per step.

@@ -167,6 +167,15 @@ def build_plan(
     return planner.collective_plan(model, sharders, pg)
 
 
+def device_hbm_bytes(device_type: str) -> Optional[int]:
+    """The GPU memory of this machine's devices (the smallest), for the planner's topology; None
+    elsewhere (TorchRec's default). TorchRec assumes 32 GB per GPU: an 80 GB H100 or a 141 GB
+    H200 would be planned as if most of its memory were not there."""
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+
+
 def make_planner(
     cfg: ShardingConfig,
     tables: List[EmbeddingBagConfig],
@@ -179,7 +188,7 @@ def make_planner(
     topology plans on a CPU-only machine too)."""
     if cfg.hbm_cap_gb < 0:
         raise ValueError(f"sharding.hbm_cap_gb={cfg.hbm_cap_gb} must be >= 0 (0: the default)")
-    hbm = int(cfg.hbm_cap_gb * 1024**3) if cfg.hbm_cap_gb else None
+    hbm = int(cfg.hbm_cap_gb * 1024**3) if cfg.hbm_cap_gb else device_hbm_bytes(device_type)
     topology = TopologyFactory.create_topology(
         trainer_config=PlannerTrainerConfig(
             world_size=world_size, local_world_size=local_world_size, hbm_cap_bytes=hbm

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from slipstream_rec.data.types import Batch
+from slipstream_rec.data.types import Batch, ServedRows, host_kjt
 
 __all__ = [
     "select_rows", "slice_rows", "concat_batches", "select_kjt", "concat_kjts", "batch_to_state",
@@ -59,13 +59,7 @@ def select_kjt(kjt: KeyedJaggedTensor, idx: torch.Tensor) -> KeyedJaggedTensor:
         gather = _gather_index(new_lengths.reshape(-1), starts_all.index_select(0, bag))
         new_values = values.index_select(0, gather)
         new_weights = None if weights is None else weights.index_select(0, gather)
-    return KeyedJaggedTensor(
-        keys=keys,
-        values=new_values,
-        lengths=new_lengths.reshape(-1),
-        weights=new_weights,
-        stride=n,
-    )
+    return host_kjt(keys, new_values, new_lengths.reshape(-1), n, new_weights)
 
 
 def _check_idx(idx: torch.Tensor, size: int) -> torch.Tensor:
@@ -137,9 +131,7 @@ def concat_kjts(kjts: Sequence[KeyedJaggedTensor]) -> KeyedJaggedTensor:
             weights = torch.cat([w_parts[j][f] for f in range(num_keys) for j in range(len(kjts))])
         else:
             weights = None
-    return KeyedJaggedTensor(
-        keys=keys, values=values, lengths=lengths, weights=weights, stride=sum(strides)
-    )
+    return host_kjt(keys, values, lengths, sum(strides), weights)
 
 
 def concat_batches(batches: Sequence[Batch]) -> Batch:
@@ -169,7 +161,12 @@ def batch_to_state(batch: Batch) -> Dict[str, Any]:
         "servable": None if batch.servable is None else batch.servable.detach().cpu().clone(),
         "served_pooled": None if batch.served_pooled is None else batch.served_pooled.detach().cpu().clone(),
         "served": None if batch.served_features is None else _kjt_to_state(batch.served_features),
+        "served_rows": None if batch.served_rows is None else _rows_to_state(batch.served_rows),
     }
+
+
+def _rows_to_state(rows: ServedRows) -> Dict[str, Any]:
+    return {k: None if t is None else t.detach().cpu().clone() for k, t in vars(rows).items()}
 
 
 def _kjt_to_state(kjt: KeyedJaggedTensor) -> Dict[str, Any]:
@@ -182,9 +179,7 @@ def _kjt_to_state(kjt: KeyedJaggedTensor) -> Dict[str, Any]:
 
 
 def _kjt_from_state(state: Dict[str, Any]) -> KeyedJaggedTensor:
-    return KeyedJaggedTensor(
-        keys=list(state["keys"]), values=state["values"], lengths=state["lengths"], stride=state["stride"]
-    )
+    return host_kjt(list(state["keys"]), state["values"], state["lengths"], state["stride"])
 
 
 def batch_from_state(state: Dict[str, Any]) -> Batch:
@@ -194,4 +189,5 @@ def batch_from_state(state: Dict[str, Any]) -> Batch:
         dense_features=state["dense"], sparse_features=_kjt_from_state(state), labels=state["labels"],
         weights=state["weights"], servable=state.get("servable"), served_pooled=state.get("served_pooled"),
         served_features=None if served is None else _kjt_from_state(served),
+        served_rows=None if state.get("served_rows") is None else ServedRows(**state["served_rows"]),
     )

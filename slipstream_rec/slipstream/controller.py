@@ -60,7 +60,7 @@ def change_histogram(change: torch.Tensor, lo: float = 1e-6, hi: float = 10.0, b
     values = change[torch.isfinite(change)].clamp(lo, hi)
     edges = torch.logspace(torch.log10(torch.tensor(lo)), torch.log10(torch.tensor(hi)), bins + 1)
     counts = torch.histogram(values.float(), bins=edges.float()).hist if values.numel() else torch.zeros(bins)
-    return {"edges": [round(float(e), 8) for e in edges], "counts": [int(c) for c in counts]}
+    return {"edges": [round(e, 8) for e in edges.tolist()], "counts": [int(c) for c in counts.tolist()]}
 
 
 class SlipstreamController:
@@ -259,6 +259,17 @@ class SlipstreamController:
 
     def _refresh_step(self, step: int) -> bool:
         return self._every(step, self.cfg.hot_refresh_steps, from_count_steps=False)
+
+    def step_kinds(self, step: int) -> List[str]:
+        """What step ``step`` runs besides training: counting, a snapshot, a serve sync, the
+        downsampling guard (the sync audit's classes of steps, training/sync_audit.py)."""
+        kinds = []
+        if self.tracker is not None:
+            kinds += ["count"] if self._counts_step(step) else []
+            kinds += ["snapshot"] if self._snapshot_step(step) else []
+            kinds += ["sync"] if self.server is not None and self._sync_step(step) else []
+        kinds += ["guard"] if self.downsampler.is_guard_step(step) else []
+        return kinds
 
     def observe(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """The logits and labels of the batch just trained (the downsampling guard's held-out

@@ -142,15 +142,15 @@ class NegativeDownsampler:
         z = logits.detach().double().view(-1) + self.logit_offset()
         y = labels.detach().double().view(-1).to(z.device)
         p = torch.sigmoid(z)
-        pos = y > 0.5
+        pos = (y > 0.5).double()  # a 0/1 weight, not a mask: no output sized by the data
+        neg = 1.0 - pos
         keep = 1.0 - self.rate  # each trained non-click stands for 1/keep of the log's
-        p_pos, p_neg = p[pos], p[~pos]
         stats = torch.stack([
-            torch.tensor(float(y.numel()), dtype=torch.float64, device=z.device),
-            pos.sum().double(),
-            ((1 - p_pos) ** 2).sum(),
-            (p_neg**2).sum() / keep,
-            p_pos.sum() + p_neg.sum() / keep,  # predicted clicks in the log
+            torch.full((), float(y.numel()), dtype=torch.float64, device=z.device),
+            pos.sum(),
+            ((1 - p) ** 2 * pos).sum(),
+            (p**2 * neg).sum() / keep,
+            (p * pos).sum() + (p * neg).sum() / keep,  # predicted clicks in the log
         ])  # fmt: skip
         self._window = self._window.to(z.device) + stats
 

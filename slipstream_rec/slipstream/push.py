@@ -18,87 +18,104 @@ step that follows applies it). A stale row's update is thus delayed by at most
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from slipstream_rec.data.types import ServedRows, host_kjt
 from slipstream_rec.distributed import gather_varlen
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.sharded import ShardUnit
 
-__all__ = ["ServedGradients"]
+__all__ = ["ServedGradients", "served_rows", "unit_cuts"]
+
+
+def served_rows(kjt: KeyedJaggedTensor, index: RowIndex) -> ServedRows:
+    """The rows the served samples ``kjt`` (a host KJT) look up, keyed on the host: distinct
+    flat keys, their lookup counts, each lookup's key position and, unless every bag holds one
+    id, each lookup's bag (feature-major, the pooled embeddings' layout). Local."""
+    flat = index.flat_keys(kjt)
+    keys, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
+    lengths = kjt.lengths().to(torch.int64)
+    bags = None
+    if not bool((lengths == 1).all()):
+        bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    return ServedRows(keys, counts, inverse, bags)
 
 
 class ServedGradients:
-    """Per-row sums of the served samples' embedding gradients on this rank (sorted flat keys)."""
+    """Per-row sums of the served samples' embedding gradients on this rank: the rows' sorted
+    flat keys on the host, their sums on the training device."""
 
-    def __init__(self, index: RowIndex, dim: int) -> None:
+    def __init__(self, index: RowIndex, dim: int, device: torch.device = torch.device("cpu")) -> None:
         self.index = index
         self.dim = int(dim)
+        self.device = device
         self._keys = torch.zeros(0, dtype=torch.int64)
-        self._grads = torch.zeros(0, self.dim)
-        self._parts: List[Any] = []  # (keys, sums) of the steps since the last merge
+        self._grads = torch.zeros(0, self.dim, device=device)
+        self._parts: List[Any] = []  # (host keys, device sums) of the steps since the last merge
         self.pushes = 0  # pushes that moved at least one row (same count on every rank)
         self.rows_pushed = 0  # rows this rank pushed, all pushes
 
     @torch.no_grad()
-    def add(self, kjt: KeyedJaggedTensor, bag_grads: torch.Tensor) -> None:
+    def add(self, rows: ServedRows, bag_grads: torch.Tensor) -> None:
         """Add the gradient ``bag_grads`` (n, F, D) of the pooled embeddings of the served samples
-        ``kjt`` (n samples, F features in the KJT's key order) to their rows. Local."""
-        kjt = kjt.to(torch.device("cpu"))
-        lengths = kjt.lengths().to(torch.int64)
-        if not int(lengths.sum()):
+        whose rows are ``rows`` (``served_rows`` of their KJT) to those rows. Local; no host
+        read: the step's sums go into a buffer of ``rows.keys`` rows, which the host knows."""
+        if rows.inverse.numel() == 0:
             return
-        device = bag_grads.device
-        flat = self.index.flat_keys(kjt).to(device)
         per_bag = bag_grads.detach().float().transpose(0, 1).reshape(-1, self.dim)  # feature-major
         # one id per bag (the usual case): the bags are the lookups
-        per_lookup = per_bag if bool((lengths == 1).all()) else per_bag.repeat_interleave(lengths.to(device), dim=0)
-        # this step's rows summed now (few distinct rows, many lookups); the steps' sums are
-        # merged only when they are read (the push, a checkpoint): O(step) work per step
-        step_keys, inverse = torch.unique(flat, return_inverse=True)
-        step_grads = torch.zeros(step_keys.numel(), self.dim, device=device).index_add_(0, inverse, per_lookup)
-        self._parts.append((step_keys, step_grads))
+        per_lookup = per_bag if rows.bags is None else per_bag.index_select(0, rows.bags)
+        step_grads = torch.zeros(rows.keys.numel(), self.dim, device=per_bag.device)
+        self._parts.append((rows.keys, step_grads.index_add_(0, rows.inverse, per_lookup)))
 
     def _merge(self) -> None:
+        """The steps' sums merged (few distinct rows per step, many lookups): keys on the host,
+        sums where they are."""
         if not self._parts:
             return
-        keys = torch.cat([self._keys.to(self._parts[0][0].device)] + [k for k, _ in self._parts])
+        keys = torch.cat([self._keys] + [k for k, _ in self._parts])
         grads = torch.cat([self._grads.to(self._parts[0][1].device)] + [g for _, g in self._parts])
         self._parts = []
-        unique, inverse = torch.unique(keys, return_inverse=True)
+        unique, inverse = torch.unique(keys, return_inverse=True)  # host tensors
         self._keys = unique
-        self._grads = torch.zeros(unique.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)
+        self._grads = torch.zeros(unique.numel(), self.dim, device=grads.device).index_add_(
+            0, inverse.to(grads.device, non_blocking=True), grads
+        )
 
     @property
     def keys(self) -> torch.Tensor:
-        """The summed rows, sorted flat keys."""
+        """The summed rows, sorted flat keys (host)."""
         self._merge()
         return self._keys
 
     @property
     def grads(self) -> torch.Tensor:
-        """Their gradient sums, (rows, D)."""
+        """Their gradient sums, (rows, D), on the training device."""
         self._merge()
         return self._grads
 
     def push(self, units: List[ShardUnit], feature_idx: Dict[str, int]) -> int:
         """Exchange the sums and apply them to this rank's shards ``units``; returns the bytes
-        this rank gave to the exchange. Collective: ALL ranks enter two all-gathers, with or
-        without rows of their own."""
-        keys, grads = self.keys.cpu(), self.grads.cpu()
+        this rank gave to the exchange. Collective: ALL ranks enter, with or without rows of
+        their own: the keys through the host group (every rank learns every rank's row count
+        from them), then the sums through the main backend (device tensors under nccl), sized
+        by those counts, so no rank reads a size back from its device."""
+        keys, grads = self.keys, self.grads
         sent = keys.numel() * 8 + grads.numel() * 4
-        all_keys = gather_varlen(keys)  # all ranks
-        all_grads = gather_varlen(grads.reshape(-1)).view(-1, self.dim)  # all ranks
+        all_keys, lengths = gather_varlen(keys, with_lengths=True)  # all ranks
+        all_grads = gather_varlen(grads.reshape(-1), lengths=[n * self.dim for n in lengths], bulk=True)
+        all_grads = all_grads.view(-1, self.dim)
         world = dist.get_world_size() if dist.is_initialized() else 1
-        unique, inverse = torch.unique(all_keys, return_inverse=True)
-        total = torch.zeros(unique.numel(), self.dim).index_add_(0, inverse, all_grads) / world
+        unique, inverse = torch.unique(all_keys, return_inverse=True)  # host
+        total = torch.zeros(unique.numel(), self.dim, device=all_grads.device)
+        total = total.index_add_(0, inverse.to(all_grads.device, non_blocking=True), all_grads) / world
         by_kernel: Dict[int, List[Any]] = {}
-        for unit in units:  # discovery order: a kernel's features in its own order
-            first = int(self.index.offsets[feature_idx[unit.feature]]) + unit.row_offset
-            lo, hi = torch.searchsorted(unique, torch.tensor([first, first + unit.rows])).tolist()
+        firsts, cuts = unit_cuts(units, unique, self.index, feature_idx)
+        for unit, first, (lo, hi) in zip(units, firsts, cuts):  # a kernel's features in its order
             rows = unique[lo:hi] - first
             grad = total[lo:hi, unit.col_offset : unit.col_offset + unit.cols]
             by_kernel.setdefault(id(unit.kernel), [unit.kernel, unit.weights.device, []])[2].append((rows, grad))
@@ -107,20 +124,32 @@ class ServedGradients:
                 _apply(kernel, device, parts)
         self.pushes += 1
         self.rows_pushed += int(keys.numel())
-        self._keys, self._grads = torch.zeros(0, dtype=torch.int64), torch.zeros(0, self.dim, device=self._grads.device)
+        self._keys = torch.zeros(0, dtype=torch.int64)
+        self._grads = torch.zeros(0, self.dim, device=self._grads.device)
         return int(sent)
 
     def state_dict(self) -> Dict[str, Any]:
         return {
-            "keys": self.keys.cpu().clone(), "grads": self.grads.detach().cpu().clone(),
+            "keys": self.keys.clone(), "grads": self.grads.detach().cpu().clone(),
             "pushes": self.pushes, "rows_pushed": self.rows_pushed,
         }  # fmt: skip
 
-    def load_state_dict(self, state: Dict[str, Any], device: torch.device) -> None:
-        self._keys = state["keys"].clone()
-        self._grads = state["grads"].to(device)
+    def load_state_dict(self, state: Dict[str, Any], device: Optional[torch.device] = None) -> None:
+        self._keys = state["keys"].cpu().clone()
+        self._grads = state["grads"].to(device or self.device)
         self._parts = []
         self.pushes, self.rows_pushed = int(state["pushes"]), int(state["rows_pushed"])
+
+
+def unit_cuts(
+    units: List[ShardUnit], keys: torch.Tensor, index: RowIndex, feature_idx: Dict[str, int]
+) -> Any:
+    """Each unit's first flat key, and the [lo, hi) range of the sorted host ``keys`` that falls
+    in its rows: one search and one read for all units."""
+    firsts = [index.offset_list[feature_idx[u.feature]] + u.row_offset for u in units]
+    bounds = torch.tensor([[f, f + u.rows] for f, u in zip(firsts, units)], dtype=torch.int64).view(-1)
+    cuts = torch.searchsorted(keys, bounds).view(-1, 2).tolist() if units else []
+    return firsts, cuts
 
 
 def _apply(kernel: Any, device: torch.device, parts: List[Any]) -> None:
@@ -130,12 +159,12 @@ def _apply(kernel: Any, device: torch.device, parts: List[Any]) -> None:
     lengths = torch.zeros(len(parts), size, dtype=torch.int32)
     for slot, (rows, _) in enumerate(parts):
         lengths[slot, : rows.numel()] = 1
-    kjt = KeyedJaggedTensor(
-        keys=[f"f{slot}" for slot in range(len(parts))],  # names do not matter to a kernel: order does
-        values=torch.cat([r for r, _ in parts]),
-        lengths=lengths.view(-1),
-        stride=size,
-    ).to(device)
+    kjt = host_kjt(
+        [f"f{slot}" for slot in range(len(parts))],  # names do not matter to a kernel: order does
+        torch.cat([r for r, _ in parts]),
+        lengths.view(-1),
+        size,
+    ).to(device, non_blocking=True)
     out = kernel(kjt)  # (size, sum of the features' dims), features in order
     grad = torch.zeros_like(out)
     col = 0

@@ -5,14 +5,20 @@ stale rows from this replica instead of the sharded tables: no input all-to-all,
 no pooled-embedding all-to-all and no gradient all-to-all for it, while the dense network still
 trains on it.
 
-Consistency (bounded staleness, no write-back): the replica is rebuilt from the shards at every
-snapshot, when the tracker has just agreed on the stale set on every rank. Between two snapshots
-the shards keep training those rows from the inputs that do go through them; the replica does not
-follow, so a served lookup reads a row at most ``snapshot_interval`` steps old, whose change over
-the last interval was below the threshold T (linf: no element moved by T or more). Served inputs
-produce no gradient for the stale rows (the paper's "skips their updates"): the rows are not
-parameters here, nothing is all-reduced for them. A row that starts to move again (its change at
-a snapshot reaches T) is not stale at that snapshot and so leaves the replica at the rebuild.
+Consistency (bounded staleness): the replica is rebuilt from the shards at every snapshot, when
+the tracker has just agreed on the stale set on every rank, and copied again every
+``replica_sync_steps``. In between the shards keep training those rows, from the inputs that do
+go through them and from the served inputs' gradients (pushed to them on every sync step,
+``push.py``); the replica does not follow, so a served lookup reads a row at most
+``replica_sync_steps`` steps old, whose change over the last snapshot interval was below the
+threshold T. A row that starts to move again (its change at a snapshot reaches T) is not stale at
+that snapshot and so leaves the replica at the rebuild.
+
+Where it lives: on the host. The data side reads it (membership, and the served samples' pooled
+embeddings, computed when a batch is annotated), so a batch leaves the data side with host
+tensors only and the pipeline pins and copies it with the rest of the batch. A rebuild gathers
+the rows where the shards are (the main backend: device tensors under nccl) and copies them to
+the host once: the one host wait of a sync step.
 
 Rows are full rows (every column): column-wise shards of a row are assembled from every rank that
 holds one; data-parallel tables are copied locally (every rank holds the same weights). Pooling is
@@ -29,6 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from slipstream_rec.distributed import gather_varlen
 from slipstream_rec.slipstream.classify import per_sample_max_change
+from slipstream_rec.slipstream.push import unit_cuts
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.slipstream.sharded import ShardUnit, flush_caches
 
@@ -40,7 +47,8 @@ class StaleReplica:
 
     def __init__(self, index: RowIndex, dim: int, device: torch.device) -> None:
         # index: the flat key space of all tables; dim: the embedding dim (every table's);
-        # device: where the served pooled embeddings are computed (the training device).
+        # device: where the values live and the served pooled embeddings are computed: the host
+        # under serve (see the module docstring).
         self.index = index
         self.dim = int(dim)
         self.device = device
@@ -67,49 +75,45 @@ class StaleReplica:
     def rebuild(self, units: List[ShardUnit], keys: torch.Tensor, feature_idx: Dict[str, int]) -> None:
         """Copy the rows ``keys`` (sorted flat keys, identical on every rank) from the shards.
 
-        Collective: ALL ranks enter (four gathers, empty tensors where a rank holds none of the
-        rows). Each rank sends the slices it holds of non-replicated shards (rows x its columns);
-        data-parallel rows are copied locally. Every rank ends with the same full rows.
+        Collective: ALL ranks enter (the slices each rank sends, as (first, end, column, width)
+        descriptors through the host group, then their values through the main backend, sized
+        by the descriptors; empty where a rank holds none of the rows). Each rank sends the
+        slices it holds of non-replicated shards (rows x its columns); data-parallel rows are
+        copied locally. Every rank ends with the same full rows.
         """
         keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1).cpu()
         n, dim = keys.numel(), self.dim
         values = torch.zeros(n, dim, dtype=torch.float32)
         filled = torch.zeros(n, dtype=torch.int64)  # columns received per row
         flush_caches(units)  # fused_uvm_caching: the newest values may sit in the GPU cache
-        send_keys, send_cols, send_widths, send_values = [], [], [], []
-        for unit in units:
-            first = int(self.index.offsets[feature_idx[unit.feature]]) + unit.row_offset
-            lo, hi = torch.searchsorted(keys, torch.tensor([first, first + unit.rows])).tolist()
+        slices: List[List[int]] = []  # [first key position, end, column, width] sent by this rank
+        send_values: List[torch.Tensor] = []  # their rows, where the shard is
+        local: List[List[int]] = []  # the same for data-parallel rows, copied without sending
+        local_values: List[torch.Tensor] = []
+        firsts, cuts = unit_cuts(units, keys, self.index, feature_idx)
+        for unit, first, (lo, hi) in zip(units, firsts, cuts):
             if hi == lo:
                 continue
-            local = (keys[lo:hi] - first).to(unit.weights.device)
-            rows = unit.weights.index_select(0, local).float().cpu()
-            if unit.replicated:
-                values[lo:hi, unit.col_offset : unit.col_offset + unit.cols] = rows
-                filled[lo:hi] += unit.cols
-                continue
-            send_keys.append(keys[lo:hi])
-            send_cols.append(torch.full((hi - lo,), unit.col_offset, dtype=torch.int64))
-            send_widths.append(torch.full((hi - lo,), unit.cols, dtype=torch.int64))
-            send_values.append(rows.reshape(-1))
-
-        def cat(parts: List[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-            return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
-
-        mine = [cat(send_keys, torch.int64), cat(send_cols, torch.int64), cat(send_widths, torch.int64)]
-        mine.append(cat(send_values, torch.float32))
-        self.sync_bytes += sum(t.numel() * t.element_size() for t in mine)
-        # All ranks: the same four gathers, in this order.
-        all_keys, all_cols, all_widths, all_values = (gather_varlen(t) for t in mine)
-        if all_keys.numel():
-            pos = torch.searchsorted(keys, all_keys)
-            starts = torch.cumsum(all_widths, 0) - all_widths
-            pairs = torch.unique(torch.stack([all_cols, all_widths], 1), dim=0).tolist()
-            for col, width in pairs:  # one pass per distinct column slice (a few at most)
-                sel = ((all_cols == col) & (all_widths == width)).nonzero().view(-1)
-                at = (starts[sel].view(-1, 1) + torch.arange(width).view(1, -1)).view(-1)
-                values[pos[sel], col : col + width] = all_values[at].view(-1, width)
-                filled.index_add_(0, pos[sel], all_widths[sel])
+            rows = unit.weights.index_select(0, (keys[lo:hi] - first).to(unit.weights.device)).float()
+            (local if unit.replicated else slices).append([lo, hi, unit.col_offset, unit.cols])
+            (local_values if unit.replicated else send_values).append(rows.reshape(-1))
+        home = units[0].weights.device if units else torch.device("cpu")  # where the shards are
+        mine = torch.tensor(slices, dtype=torch.int64).reshape(-1)
+        sent = torch.cat(send_values) if send_values else torch.zeros(0, device=home)
+        self.sync_bytes += mine.numel() * 8 + sent.numel() * 4
+        # All ranks: the descriptors (host), then the values they describe (main backend).
+        all_slices, counts = gather_varlen(mine, with_lengths=True)
+        per_rank = all_slices.view(-1, 4).split([c // 4 for c in counts])
+        widths = [int(((s[:, 1] - s[:, 0]) * s[:, 3]).sum()) for s in per_rank]
+        received = gather_varlen(sent, lengths=widths, bulk=True)
+        # the one copy to the host, of the received and the data-parallel rows together
+        all_values = torch.cat([received.to(home)] + local_values).cpu()
+        at = 0
+        for lo, hi, col, width in all_slices.view(-1, 4).tolist() + local:
+            size = (hi - lo) * width
+            values[lo:hi, col : col + width] = all_values[at : at + size].view(hi - lo, width)
+            filled[lo:hi] += width
+            at += size
         assert bool((filled == dim).all()), "every replica row assembled from all of its columns"
         before = self.keys
         self.joined = int((~torch.isin(keys, before)).sum()) if n else 0

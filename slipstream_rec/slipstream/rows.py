@@ -38,6 +38,7 @@ class RowIndex:
         sizes = torch.tensor(nums, dtype=torch.int64)
         # offsets[f]: flat key of row 0 of feature f (exclusive cumsum); bounds[f] = offsets[f+1].
         self.offsets: torch.Tensor = torch.cumsum(sizes, 0) - sizes
+        self.offset_list: List[int] = self.offsets.tolist()  # read once, not per call
         self._bounds = torch.cumsum(sizes, 0)
         self._sizes = sizes
         self._position = {n: i for i, n in enumerate(names)}
@@ -74,12 +75,13 @@ class RowIndex:
             if not 0 <= feature_idx < self.num_features:
                 raise ValueError(f"RowIndex.to_flat: feature_idx {feature_idx} out of range")
             size = self.num_embeddings[feature_idx]
-            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= size):
+            lo_hi = torch.stack(torch.aminmax(rows)).tolist() if rows.numel() else [0, 0]  # one read
+            if not (0 <= lo_hi[0] and lo_hi[1] < size):
                 raise ValueError(
                     f"RowIndex.to_flat: rows of feature {self.feature_names[feature_idx]!r} "
                     f"outside [0, {size})"
                 )
-            return rows + int(self.offsets[feature_idx])
+            return rows + self.offset_list[feature_idx]
         feature_idx = torch.as_tensor(feature_idx, dtype=torch.int64)
         if rows.numel() and bool(((rows < 0) | (rows >= self._sizes[feature_idx])).any()):
             raise ValueError("RowIndex.to_flat: rows outside their feature's table")
@@ -287,12 +289,13 @@ class RowState:
             return
         bounds = self._bounds
         cuts = torch.searchsorted(self.keys, bounds).tolist()
+        starts = bounds.tolist()
         sizes = (bounds[1:] - bounds[:-1]).tolist()
         small_left = self.DENSE_SMALL_BYTES
         self._dense, self._sparse = {}, {}
         for t in sorted(range(len(sizes)), key=lambda i: sizes[i]):
             lo, hi = cuts[t], cuts[t + 1]
-            rows = self.keys[lo:hi] - int(bounds[t])
+            rows = self.keys[lo:hi] - starts[t]
             dense = sizes[t] <= self.DENSE_ROWS_PER_HOT_ROW * (hi - lo)
             if not dense and sizes[t] * 4 <= small_left:
                 dense, small_left = True, small_left - sizes[t] * 4

@@ -46,12 +46,14 @@ class StaleServer:
                 "slipstream.action=serve needs one embedding dim for every table (model.embedding_dim); "
                 f"the tables here have {sorted(set(dims.values()))}"
             )
-        device = units[0].weights.device if units else torch.device("cpu")
+        device = units[0].weights.device if units else torch.device("cpu")  # the training device
         self.tracker = tracker
         self.index = index
-        self.replica = StaleReplica(index, dim, device)
+        # The replica lives on the host, where the data side reads it (replica.py); the served
+        # gradients are summed where they are computed.
+        self.replica = StaleReplica(index, dim, torch.device("cpu"))
         self.plan = ServePlan(self.replica)
-        self.grads = ServedGradients(index, dim)
+        self.grads = ServedGradients(index, dim, device)
         self.push_seconds = 0.0
         self._counts: List[Counts] = []  # served lookups of counted steps, merged lazily
 
@@ -62,10 +64,10 @@ class StaleServer:
         sums (all ranks: ``sync_step`` is the same on every rank)."""
         served = task.take_served()
         if served is not None and served[1].grad is not None:
-            self.grads.add(served[0], served[1].grad)
+            rows = served[0]  # ServedRows, keyed on the host when the batch was split
+            self.grads.add(rows, served[1].grad)
             if self.tracker.modules[0].counting:
-                keys = self.index.flat_keys(served[0].to(torch.device("cpu")))
-                self._counts.append(torch.unique(keys, return_counts=True))
+                self._counts.append((rows.keys, rows.counts))  # host tensors: no read back
         if sync_step:
             t0 = time.perf_counter()
             sent = self.grads.push(self.tracker.units, self.tracker.feature_index)  # all ranks
@@ -117,6 +119,6 @@ class StaleServer:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.plan.load_state_dict(state["plan"])
-        self.grads.load_state_dict(state["grads"], self.replica.device)
+        self.grads.load_state_dict(state["grads"])
         self._counts = [state["counts"]] if state["counts"] is not None else []
         self.push_seconds = float(state["push_seconds"])

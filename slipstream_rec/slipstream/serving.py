@@ -25,7 +25,7 @@ import torch
 
 from slipstream_rec.data.types import Batch
 from slipstream_rec.slipstream.batch_ops import select_kjt
-from slipstream_rec.slipstream.classify import lookups_per_sample
+from slipstream_rec.slipstream.push import served_rows
 from slipstream_rec.slipstream.replica import StaleReplica
 
 __all__ = ["ServePlan"]
@@ -83,8 +83,9 @@ class ServePlan:
             served_pooled=served,
             served_features=select_kjt(batch.sparse_features, order[sharded:]),
         )
+        out.served_rows = served_rows(out.served_features, self.replica.index)
         self.samples_served += int(served.shape[0])
-        self.lookups_served += int(lookups_per_sample(out.served_features).sum())
+        self.lookups_served += int(out.served_rows.inverse.numel())
         self.seconds += time.perf_counter() - t0
         return out
 

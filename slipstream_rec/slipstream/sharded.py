@@ -49,33 +49,65 @@ class ShardUnit:
     # cache until the TBE is flushed: the tracker flushes before every snapshot.
     kernel: Any = field(repr=False, default=None)
     # Lookups counted during the counting phase, sparse: the rows looked up (local, sorted) and
-    # how often (int64, exact at any count). O(distinct rows counted), not O(rows).
-    counted_rows: Optional[torch.Tensor] = field(repr=False, default=None)
-    counted: Optional[torch.Tensor] = field(repr=False, default=None)
+    # how often (int64, exact at any count). O(distinct rows counted), not O(rows). A counted
+    # step only appends its ids (``_pending``, on their device): the sort into rows and counts
+    # (``torch.unique``, whose output size the host must read) runs when the counts are read,
+    # or every MERGE_EVERY counted steps to bound the memory, not in every counted step.
+    _counted_rows: Optional[torch.Tensor] = field(repr=False, default=None)
+    _counted: Optional[torch.Tensor] = field(repr=False, default=None)
+    _pending: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = field(repr=False, default_factory=list)
     hot_rows: Optional[torch.Tensor] = field(repr=False, default=None)  # local row ids, sorted
     snapshot: Optional[torch.Tensor] = field(repr=False, default=None)  # (n_hot, cols) copy
+
+    MERGE_EVERY = 16  # pending counted steps before they are merged (a host read each time)
 
     @property
     def row_bytes(self) -> int:
         return self.cols * self.weights.element_size()
 
+    @property
+    def counted_rows(self) -> Optional[torch.Tensor]:
+        self._merge()
+        return self._counted_rows
+
+    @counted_rows.setter
+    def counted_rows(self, rows: Optional[torch.Tensor]) -> None:
+        self._pending, self._counted_rows = [], rows
+
+    @property
+    def counted(self) -> Optional[torch.Tensor]:
+        self._merge()
+        return self._counted
+
+    @counted.setter
+    def counted(self, counts: Optional[torch.Tensor]) -> None:
+        self._pending, self._counted = [], counts
+
     def add_counts(self, rows: torch.Tensor, counts: Optional[torch.Tensor] = None) -> None:
-        """Count lookups of local ``rows`` (each once, or ``counts`` times)."""
-        rows = rows.to(torch.int64).reshape(-1)  # stays on its device (no sync on CUDA)
-        if counts is None:
-            rows, counts = torch.unique(rows, return_counts=True)
-        counts = counts.to(torch.int64).reshape(-1)
-        if self.counted_rows is not None and self.counted_rows.numel():
-            rows = torch.cat([self.counted_rows, rows])
-            counts = torch.cat([self.counted, counts])
-        unique, inverse = torch.unique(rows, return_inverse=True)
-        self.counted_rows = unique
-        self.counted = torch.zeros(unique.numel(), dtype=torch.int64, device=unique.device).index_add_(
-            0, inverse, counts
+        """Count lookups of local ``rows`` (each once, or ``counts`` times). No host read: the
+        ids stay on their device until the counts are read (``MERGE_EVERY``)."""
+        rows = rows.to(torch.int64).reshape(-1)
+        self._pending.append((rows, None if counts is None else counts.to(torch.int64).reshape(-1)))
+        if len(self._pending) >= self.MERGE_EVERY:
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._pending:
+            return
+        parts, self._pending = self._pending, []
+        rows = [r for r, _ in parts]
+        counts = [c if c is not None else torch.ones_like(r) for r, c in parts]
+        if self._counted_rows is not None and self._counted_rows.numel():
+            rows.insert(0, self._counted_rows)
+            counts.insert(0, self._counted)  # type: ignore[arg-type]
+        unique, inverse = torch.unique(torch.cat(rows), return_inverse=True)
+        self._counted_rows = unique
+        self._counted = torch.zeros(unique.numel(), dtype=torch.int64, device=unique.device).index_add_(
+            0, inverse, torch.cat(counts)
         )
 
     def clear_counts(self) -> None:
-        self.counted_rows, self.counted = None, None
+        self._counted_rows, self._counted, self._pending = None, None, []
 
     def sparse_counts(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(rows, counts): the counted local rows, ascending, and their int64 counts."""
@@ -89,12 +121,11 @@ class ShardUnit:
         return torch.zeros(self.rows, dtype=torch.int64).index_put_((rows.cpu(),), counts.cpu())
 
     def state_bytes(self) -> int:
-        """Bytes of this shard's Slipstream state (counts, hot rows, snapshot)."""
-        return sum(
-            t.numel() * t.element_size()
-            for t in (self.counted_rows, self.counted, self.hot_rows, self.snapshot)
-            if t is not None
-        )
+        """Bytes of this shard's Slipstream state (counts, the pending counted ids, hot rows,
+        snapshot)."""
+        held = [self._counted_rows, self._counted, self.hot_rows, self.snapshot]
+        held += [t for part in self._pending for t in part]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
 
 
 def _unwrap(lookup: Any) -> Any:
@@ -226,8 +257,10 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         self.count_seconds: float = 0.0  # time spent counting (Slipstream overhead)
         self._units: Optional[List[ShardUnit]] = None
         self.calls = 0  # training calls of compute_and_output_dist
-        # rows the local shards looked up (and so update) per step, summed over measured steps
-        self.rows_updated = {"steps": 0, "rows": 0}
+        # rows the local shards looked up (and so update) per step, summed over measured steps;
+        # the sum stays where the ids are until it is read (``rows_updated``)
+        self._rows_measured = 0
+        self._rows_sum: Any = 0
         # The output dists' own collectives are created on their first call: meter the output
         # dist of each communicating sharding (its first argument is what the collective gets).
         for sharding_type, output_dist in zip(self._sharding_types, self._output_dists):
@@ -282,15 +315,32 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
             self.calls += 1
         return super().compute_and_output_dist(ctx, input)
 
+    @property
+    def rows_updated(self) -> Dict[str, int]:
+        """Measured steps and the distinct local rows they looked up, summed (a host read)."""
+        return {"steps": self._rows_measured, "rows": int(self._rows_sum)}
+
+    def load_rows_updated(self, saved: Dict[str, int]) -> None:
+        self._rows_measured, self._rows_sum = int(saved["steps"]), int(saved["rows"])
+
     @torch.no_grad()
     def _measure_rows_updated(self, features: KJTList) -> None:
-        """Distinct rows of the local shards this step looks up: the rows its backward updates."""
-        rows = 0
+        """Distinct rows of the local shards this step looks up: the rows its backward updates.
+        Counted as distinct (feature, id) pairs of a sort, with no host read (``unique`` would
+        make the host wait for the device every measured step)."""
+        span = 1 + max((u.rows for u in self.units), default=0)  # every local id is below it
         for kjt in features:
-            for ids in torch.split(kjt.values(), kjt.length_per_key()):
-                rows += int(torch.unique(ids).numel())
-        self.rows_updated["steps"] += 1
-        self.rows_updated["rows"] += rows
+            values = kjt.values()
+            if values.numel() == 0:
+                continue
+            keys = len(kjt.keys())
+            per_key = kjt.lengths().view(keys, -1).sum(1)
+            feature = torch.repeat_interleave(
+                torch.arange(keys, device=values.device), per_key, output_size=values.numel()
+            )
+            pairs = torch.sort(feature * span + values.to(torch.int64)).values
+            self._rows_sum = self._rows_sum + (pairs[1:] != pairs[:-1]).sum() + 1
+        self._rows_measured += 1
 
     @torch.no_grad()
     def count_lookups(self, features: KJTList) -> None:

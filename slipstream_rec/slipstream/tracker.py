@@ -190,7 +190,7 @@ class StalenessTracker:
 
     def _first_key(self, unit: ShardUnit) -> int:
         """Flat key of the unit's first local row."""
-        return int(self.index.offsets[self._feature_idx[unit.feature]]) + unit.row_offset
+        return self.index.offset_list[self._feature_idx[unit.feature]] + unit.row_offset
 
     def _local_rows(self, unit: ShardUnit, sorted_keys: torch.Tensor) -> torch.Tensor:
         """The unit's local rows among ``sorted_keys`` (flat keys, ascending), ascending."""
@@ -207,7 +207,7 @@ class StalenessTracker:
 
         Memory: one stored copy per hot row, plus the new copy while comparing (2x at most).
         """
-        keys, part_a, part_b = [], [], []
+        rows, part_a, part_b, measured_units = [], [], [], []  # where the shards are
         measured = False
         # fused_uvm_caching: the weights views are the host copy; write the GPU cache back first.
         flush_caches(self.units)
@@ -225,13 +225,20 @@ class StalenessTracker:
                 else:  # rel_l2: sums of squares, added over column shards before the ratio
                     a = diff.pow(2).sum(dim=1)
                     b = unit.snapshot.pow(2).sum(dim=1)
-                keys.append(self._global_keys(unit, unit.hot_rows))
-                part_a.append(a.cpu())
-                part_b.append(b.cpu())
+                measured_units.append(unit)
+                rows.append(unit.hot_rows.to(torch.int64))
+                part_a.append(a)
+                part_b.append(b)
                 measured = True
             unit.snapshot = current  # index_select made a copy
         self.snapshots_taken += 1
 
+        # To the host once for all units (each copy waits for the device): rows, then changes.
+        keys = []
+        if measured:
+            host_rows = torch.cat(rows).cpu().split([r.numel() for r in rows])
+            keys = [self._global_keys(u, r) for u, r in zip(measured_units, host_rows)]
+            part_a, part_b = [torch.cat(part_a).cpu()], [torch.cat(part_b).cpu()]
         # All ranks: even a rank without hot rows joins the gathers (empty tensors).
         any_measured = all_reduce_(torch.tensor([1.0 if measured else 0.0]), dist.ReduceOp.MAX)
         if any_measured.item() == 0:

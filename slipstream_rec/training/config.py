@@ -86,6 +86,13 @@ class TrainerConfig:
     # fresh start if there is none), "never" (fresh; refuses a directory that has checkpoints),
     # or a path (one checkpoint directory, or a checkpoints directory: its newest sound one).
     resume: str = "auto"
+    # Count, per training step, the ops that would make the host wait for a GPU (.item(),
+    # nonzero, unique, ...; training/sync_audit.py) into <run_dir>/sync_audit_rank<r>.json. A
+    # diagnostic: it slows every step; needs pipeline=sparse_dist.
+    sync_audit: bool = False
+    # Profile this many training steps with torch.profiler (0: off), from the middle of the run,
+    # into <run_dir>/profile/trace_rank<r>.json (Chrome trace; training/profiling.py).
+    profile_steps: int = 0
     # Checkpoint saving (when, how many kept, where).
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -99,12 +106,18 @@ class TrainerConfig:
             ("log_every_steps", self.log_every_steps > 0, "a positive step count"),
             ("collective_timeout_s", self.collective_timeout_s > 0, "positive seconds"),
             ("lockstep_every_steps", self.lockstep_every_steps >= 1, "1 (every step) or more steps"),
+            ("profile_steps", self.profile_steps >= 0, "0 (off) or a number of steps"),
             (
                 "precision",
                 self.precision is not Precision.bf16 or self.pipeline is PipelineKind.sparse_dist,
                 "fp32 or auto with trainer.pipeline=base (bf16 autocast is wired into the sparse_dist pipeline)",
             ),
             ("resume", bool(self.resume), "auto, never or a checkpoint path"),
+            (
+                "sync_audit",
+                not self.sync_audit or self.pipeline is PipelineKind.sparse_dist,
+                "false with trainer.pipeline=base (the audit follows the sparse_dist pipeline's batches)",
+            ),
         ]
         check_fields("trainer", self, checks)
         self.checkpoint.validate()

@@ -131,5 +131,5 @@ def load_traffic_state(model: nn.Module, state: List[Dict[str, Any]]) -> None:
         return
     for m, s in zip(modules, state):
         m.a2a_bytes.update(s["a2a_bytes"])
-        m.rows_updated.update(s["rows_updated"])
+        m.load_rows_updated(s["rows_updated"])
         m.calls = int(s["calls"])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
 import time
 from collections import deque
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional
 
@@ -33,6 +35,8 @@ from slipstream_rec.training.embedding_traffic import (
 )
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
+from slipstream_rec.training.profiling import StepProfiler
+from slipstream_rec.training.sync_audit import SyncAudit
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +131,14 @@ def make_pipeline(
         assert precision is Precision.fp32, "TrainerConfig.validate refuses bf16 with the base pipeline"
         return TrainPipelineBase(model, optimizer, device)
     dtype = torch.bfloat16 if precision is Precision.bf16 else None
-    return TimedTrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True, autocast_dtype=dtype)
+    # enqueue_batch_after_forward: the data side (loading, Slipstream's classify / annotate /
+    # split, the lock-step flag) runs after the current batch's forward is launched, so on a GPU
+    # it overlaps the forward's kernels instead of delaying their launch. The order of every
+    # collective is the same on every rank either way.
+    return TimedTrainPipelineSparseDist(
+        model, optimizer, device, execute_all_batches=True, autocast_dtype=dtype,
+        enqueue_batch_after_forward=True,
+    )  # fmt: skip
 
 
 class InFlight:
@@ -194,6 +205,7 @@ class Trainer:
         log: MetricLog,
         slipstream: SlipstreamController,
         checkpointer: Optional[Checkpointer] = None,
+        run_dir: Optional[Path] = None,
     ) -> None:
         self.cfg = cfg
         self.env = env
@@ -217,8 +229,20 @@ class Trainer:
         self._last_save_train_s = 0.0  # train seconds at the last checkpoint
         self._last_save_step = -1
         self.resumed_from: Optional[Dict[str, Any]] = None
+        self._reattach_step = -1  # the step after an evaluation or a quality check's scoring
         self.faults = FaultInjector.from_env(env.rank)
         slipstream.scorer = self.score
+        # trainer.sync_audit: count the ops of each step that would wait for a GPU (sync_audit.py)
+        self.audit: Optional[SyncAudit] = None
+        if cfg.sync_audit:
+            self.audit = SyncAudit(cuda=env.device.type == "cuda")
+            self.audit.taint_module(model)
+            self.audit.attach(self.pipeline)
+        # trainer.profile_steps: a torch.profiler trace of steps from the middle of the run
+        self.profiler = StepProfiler(
+            cfg.profile_steps, self.total_steps() // 2, Path(run_dir or ".") / "profile", env.rank,
+            env.device.type == "cuda",
+        )  # fmt: skip
         if slipstream.cfg.serves:
             # load_config refuses serve with another pipeline (slipstream_rec/config.py)
             assert isinstance(self.pipeline, TimedTrainPipelineSparseDist), "serve needs sparse_dist"
@@ -231,6 +255,7 @@ class Trainer:
         it (Slipstream's quality check). Collective (the sharded forward): all ranks call it at
         the same step. The pipeline is paused like for an evaluation and resumes on its next step."""
         model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
+        self._reattach_step = self.state.step + 1
         was_training = model.training
         model.eval()
         try:
@@ -238,6 +263,22 @@ class Trainer:
         finally:
             model.train(was_training)
         return logits
+
+    def _not_a_step(self) -> Any:
+        """Evaluations and checkpoints are left out of the sync audit's step counts."""
+        return self.audit.paused() if self.audit is not None else contextlib.nullcontext()
+
+    def _step_kinds(self, step: int) -> List[str]:
+        """What ran in ``step`` besides training (the sync audit's classes of steps)."""
+        c = self.cfg
+        kinds = self.slipstream.step_kinds(step)
+        if step == self._reattach_step:  # TorchRec's pipeline re-attaches after a detach
+            kinds.append("reattach")
+        if step % c.log_every_steps == 0:
+            kinds.append("log")
+        if c.checkpoint.enabled and c.checkpoint.every_minutes and step % c.checkpoint.check_every_steps == 0:
+            kinds.append("checkpoint_check")
+        return kinds
 
     def total_steps(self) -> int:
         """Steps planned; an upper bound when Slipstream skips samples."""
@@ -260,7 +301,10 @@ class Trainer:
             batches = self.slipstream.wrap(
                 iter(self.train_loader), lockstep_every=self.cfg.lockstep_every_steps
             )
-        self._in_flight = InFlight(self._timed(itertools.islice(batches, budget)))
+        batches = itertools.islice(batches, budget)
+        if self.audit is not None:
+            batches = self.audit.data_side(batches)
+        self._in_flight = InFlight(self._timed(batches))
         return self._in_flight
 
     def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -315,6 +359,15 @@ class Trainer:
         st = self.state
         total = self.total_steps()
         global_batch = self.cfg.batch_size * self.env.world_size
+        try:
+            with self.audit if self.audit is not None else contextlib.nullcontext():
+                self._fit_epochs(total, global_batch)
+        finally:
+            self.profiler.close()
+        return st
+
+    def _fit_epochs(self, total: int, global_batch: int) -> None:
+        st = self.state
         for epoch in range(st.epoch, self.cfg.epochs):
             if st.step >= total:
                 break
@@ -331,6 +384,7 @@ class Trainer:
             self._paused_before = st.eval_seconds + st.checkpoint_seconds
             window_start, window_step = self._epoch_start, st.step
             while True:
+                self.profiler.before_step(st.step + 1)
                 try:
                     loss, logits, labels, _weights = self.pipeline.progress(batches)
                 except StopIteration:
@@ -368,17 +422,21 @@ class Trainer:
                     )
                     window_start, window_step = now, st.step
                 if self.cfg.eval_every_steps and st.step % self.cfg.eval_every_steps == 0:
-                    self._evaluate("val", self.val_loader)
+                    with self._not_a_step():
+                        self._evaluate("val", self.val_loader)
                     window_start = time.perf_counter()
                 if self._checkpoint_due(st.step):  # all ranks: a collective decision
-                    self.save_checkpoint()
+                    with self._not_a_step():
+                        self.save_checkpoint()
                     window_start = time.perf_counter()
+                if self.audit is not None:
+                    self.audit.end_step(st.step, self._step_kinds(st.step))
+                self.profiler.after_step(st.step)
                 self.faults.after_step(st.step)
             if self.env.device.type == "cuda":
                 torch.cuda.synchronize(self.env.device)  # count the queued kernels too
             st.train_seconds = self._live_train_seconds()
             self._epoch_start = None
-        return st
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _checkpoint_due(self, step: int) -> bool:
@@ -469,6 +527,7 @@ class Trainer:
         """Pause the pipeline (its in-flight batches are kept), evaluate, resume on next step."""
         t0 = time.perf_counter()
         model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
+        self._reattach_step = self.state.step + 1
         result = evaluate(model, loader, self.env.device, self.slipstream.eval_logit_offset())
         self.state.eval_seconds += time.perf_counter() - t0
         record = {"split": split, "samples_trained": self.state.samples_trained, **result}

@@ -38,7 +38,7 @@ def train():
 def _clean_env(monkeypatch):
     # the component reads LOGLEVEL / NCCL_* from the launcher's env: make tests hermetic
     for key in list(os.environ):
-        if key == "LOGLEVEL" or key.startswith("NCCL_"):
+        if key in ("LOGLEVEL", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME") or key.startswith("NCCL_"):
             monkeypatch.delenv(key)
 
 
@@ -275,3 +275,12 @@ def test_torchxconfig_cli_run_defaults_and_valid_runopts():
     assert re.search(r"^#\s*queue\s*=", text, flags=re.M)
     assert re.search(r"^#\s*partition\s*=", text, flags=re.M)
     assert re.search(r"^#\s*time\s*=", text, flags=re.M)
+
+
+def test_every_job_gets_the_launchers_gloo_interface(train, monkeypatch):
+    # a GPU job's gloo side group and a CPU job's gloo both bind to this interface
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
+    monkeypatch.setenv("TP_SOCKET_IFNAME", "ib0")
+    for kwargs in ({"j": "2x2"}, {"j": "2x1", "gpu": 8}):
+        role = train(**kwargs).roles[0]
+        assert role.env["GLOO_SOCKET_IFNAME"] == "ib0" and role.env["TP_SOCKET_IFNAME"] == "ib0", kwargs

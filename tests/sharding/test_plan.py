@@ -134,3 +134,23 @@ def test_fp16_embeddings_never_go_data_parallel():
     assert all("data_parallel" not in v.sharding_types and v.compute_kernels == ["fused"] for v in c.values())
     with pytest.raises(ValueError, match="model.embedding_dtype=fp16"):
         parameter_constraints(ShardingConfig(type=ShardingKind.data_parallel), half)
+
+
+def test_a_cuda_plan_sees_the_gpus_own_memory_not_torchrecs_32_gb(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from slipstream_rec.sharding import plan as plan_module
+
+    h200 = 141 * 1024**3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=h200 - i))
+    assert plan_module.device_hbm_bytes("cuda") == h200 - 1  # the smallest device
+    assert plan_module.device_hbm_bytes("cpu") is None
+    tables = [EmbeddingBagConfig(name="t_a", embedding_dim=16, num_embeddings=10, feature_names=["a"])]
+    planner = plan_module.make_planner(ShardingConfig(), tables, 2, 2, "cuda", 64)
+    assert {d.storage.hbm for d in planner._topology.devices} == {h200 - 1}
+    capped = plan_module.make_planner(ShardingConfig(hbm_cap_gb=1.0), tables, 2, 2, "cuda", 64)
+    assert {d.storage.hbm for d in capped._topology.devices} == {1024**3}

@@ -12,7 +12,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from slipstream_rec.data.types import Batch
 from slipstream_rec.slipstream.lockstep import lockstep
-from slipstream_rec.slipstream.push import ServedGradients
+from slipstream_rec.slipstream.push import ServedGradients, served_rows
 from slipstream_rec.slipstream.replica import StaleReplica
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.serving import ServePlan
@@ -161,7 +161,7 @@ def test_served_gradients_sum_per_row_over_every_occurrence():
     g = torch.Generator().manual_seed(5)
     bag_grads = [torch.randn(len(served), len(FEATURES), DIM, generator=g) for _ in range(2)]
     for bg in bag_grads:  # two steps
-        grads.add(_kjt(served), bg)
+        grads.add(served_rows(_kjt(served), index), bg)
     expected = {}
     for bg in bag_grads:
         for i, s in enumerate(served):
