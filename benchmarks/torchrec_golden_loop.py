@@ -29,6 +29,8 @@ from torch.utils.data import DataLoader
 from torchrec import EmbeddingBagCollection
 from torchrec.datasets.criteo import DEFAULT_CAT_NAMES, InMemoryBinaryCriteoIterDataPipe
 from torchrec.distributed import TrainPipelineSparseDist
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.types import ParameterConstraints
@@ -52,10 +54,17 @@ def main() -> None:
     p.add_argument("--sharding", default="table_wise", help="a sharding type, or auto")
     p.add_argument("--embedding-lr", type=float, default=0.05)
     p.add_argument("--dense-lr", type=float, default=0.01)
+    # the model's sizes (defaults: the project's default model, dlrm_criteo_kaggle)
+    p.add_argument("--dense-arch", default="512,256,64,16", help="bottom MLP layer sizes")
+    p.add_argument("--over-arch", default="512,256,1", help="top MLP layer sizes")
+    p.add_argument("--embedding-dim", type=int, default=16)
+    p.add_argument("--qcomms", default="", help="FWD:BWD precisions of TorchRec's quantized comms, e.g. "
+                   "fp16:bf16 (its golden example's choice); empty: off")
     p.add_argument("--sync-audit", default=None, metavar="PREFIX",
                    help="count each step's device-synchronizing ops (slipstream_rec/training/sync_audit.py) "
                         "into PREFIX_rank<r>.json")
     args = p.parse_args()
+    sizes = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
 
     dist.init_process_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -67,15 +76,16 @@ def main() -> None:
     # TorchRec's reader names the 26 sparse columns cat_0..cat_25 (DEFAULT_CAT_NAMES) whatever
     # the dataset calls them: column i feeds table i.
     tables = [
-        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=16, num_embeddings=n, feature_names=[DEFAULT_CAT_NAMES[i]])
+        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=args.embedding_dim, num_embeddings=n,
+                           feature_names=[DEFAULT_CAT_NAMES[i]])
         for i, (f, n) in enumerate(zip(names, rows))
     ]
     model = DLRMTrain(
         DLRM(
             embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
             dense_in_features=13,
-            dense_arch_layer_sizes=[512, 256, 64, 16],
-            over_arch_layer_sizes=[512, 256, 1],
+            dense_arch_layer_sizes=sizes(args.dense_arch),
+            over_arch_layer_sizes=sizes(args.over_arch),
             dense_device=device,
         )
     )
@@ -87,13 +97,26 @@ def main() -> None:
         if args.sharding == "auto"
         else {t.name: ParameterConstraints(sharding_types=[args.sharding]) for t in tables}
     )
+    # As TorchRec's golden example: the codec registry goes to the sharder, and the same sharder
+    # to the planner (it costs the comms with the codec's element size) and to DMP.
+    sharders = None
+    if args.qcomms:
+        fwd, bwd = args.qcomms.split(":")
+        registry = get_qcomm_codecs_registry(
+            QCommsConfig(forward_precision=CommType(fwd), backward_precision=CommType(bwd)), device=device
+        )
+        sharders = [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)]
     planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=world, compute_device="cpu"),
+        # local_world_size: on several nodes (torchrun --nnodes) the planner sees them, as the
+        # golden example's get_local_size() does; on one node it equals the world size
+        topology=Topology(
+            world_size=world, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)), compute_device="cpu"
+        ),
         batch_size=args.batch_size,
         constraints=constraints,
     )
-    plan = planner.collective_plan(model, None, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(module=model, device=device, plan=plan)
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
     optimizer = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())),
         lambda params: torch.optim.Adagrad(params, lr=args.dense_lr),
@@ -141,6 +164,7 @@ def main() -> None:
         print(json.dumps({
             "runner": "torchrec_golden", "steps": steps, "samples": samples,
             "train_seconds": seconds, "samples_per_second": samples / seconds, "sharding": sharding,
+            "qcomms": args.qcomms or None,
             **result,
         }), flush=True)
     dist.destroy_process_group()

@@ -104,6 +104,15 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
         job.slipstream.validate()
         job.optim.validate()
         check_model_config(job.model)
+        for direction in ("forward", "backward"):
+            if job.slipstream.serves and getattr(job.sharding.qcomms, direction).value == "int8":
+                # int8 rows of 32 values need the sharded batch to be a multiple of 32; serve
+                # sends a different number of samples through the shards every step
+                raise ValueError(
+                    f"sharding.qcomms.{direction}=int8 cannot run with slipstream.action=serve: its "
+                    "sharded batch size changes every step and int8 quantizes 32 values at a time. "
+                    f"Fix: sharding.qcomms.{direction}=fp16, or slipstream=off"
+                )
         if job.slipstream.serves and job.trainer.pipeline.value != "sparse_dist":
             # refused here, before anything runs (the Trainer asserts it where it wires the push)
             raise ValueError(

@@ -28,7 +28,10 @@ from slipstream_rec.optim import build_optimizer, fuse_embedding_optimizer
 from slipstream_rec.preflight import fixed_run_dir, policy_cannot_act
 from slipstream_rec.resume_rules import check_trains_something, config_changes
 from slipstream_rec.sharding.plan import describe_plan, shard_model
+from slipstream_rec.sharding.qcomms import codecs_registry, qcomms_summary
 from slipstream_rec.slipstream.controller import SlipstreamController
+from slipstream_rec.training.comm_hooks import install_ddp_comm_hook
+from slipstream_rec.training.embedding_traffic import run_meter
 from slipstream_rec.training.metric_log import MetricLog, write_json_atomic
 from slipstream_rec.training.trainer import Trainer, planned_steps
 
@@ -158,6 +161,8 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         job.model, meta.sparse_feature_names, meta.num_embeddings_per_feature
     )
     dmp = shard_model(model, job.sharding, tables, env.device, tr.batch_size)
+    # before the first backward; local (every rank registers the same hook)
+    ddp_hook = install_ddp_comm_hook(dmp, tr.ddp_comm_hook, run_meter(dmp))
     optimizer, scheduler = build_optimizer(dmp, job.optim)
     plan = describe_plan(dmp)
     checkpointer = Checkpointer(
@@ -268,6 +273,8 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         "batch_size_per_rank": tr.batch_size,
         "sharding": job.sharding.type.value,
         "sharding_plan": plan,
+        "qcomms": qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms, env.device)),
+        "ddp_comm_hook": ddp_hook,
         "policy": job.slipstream.policy.value,
         "action": job.slipstream.action.value,
         "experiment": job.experiment,

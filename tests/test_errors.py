@@ -103,6 +103,9 @@ def test_unknown_group_option_suggests_the_closest(workdir, capsys):
         ("slipstream.target_skip_fraction=-0.5", "slipstream.target_skip_fraction=-0.5"),
         ("trainer.batch_size=many", "trainer.batch_size"),
         ("slipstream.policy=fast", "slipstream.policy"),
+        ("sharding.qcomms.forward=fp8", "sharding.qcomms.forward"),
+        ("sharding.qcomms.backward=int8", "sharding.qcomms.backward=int8 cannot run with slipstream.action=serve"),
+        ("trainer.ddp_comm_hook=fp8", "trainer.ddp_comm_hook"),
     ],
 )
 def test_bad_value_names_the_key(workdir, capsys, override, key):

@@ -171,8 +171,9 @@ def build(runs: List[Run]) -> Dict[str, Any]:
     # -- serving and embedding traffic
     rows_t = traffic.traffic_rows(runs)
     if rows_t:
-        spec = ["", ".3f", ".1f", ".1f", ".1f", ".1f", ".3f", "int", ".1f", ".1f"]
-        body = _table(traffic.HEADER, [[_e(r[0])] + [fmt(v, f) for v, f in zip(r[1:], spec[1:])] for r in rows_t],
+        spec = ["", ".3f"] + [".1f"] * len(traffic.KINDS) + [".3f", "", "int", ".1f"]
+        body = _table(traffic.HEADER, [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], spec[1:])]
+                                       for r in rows_t],
                       table_id="traffic-table")
         turnover = traffic.turnover_rows(runs)
         if turnover:
@@ -181,10 +182,12 @@ def build(runs: List[Run]) -> Dict[str, Any]:
                 table_id="turnover-table")
         sections.append(_section(
             "traffic", "Embedding traffic and serving",
-            "Bytes per trained sample given to the embedding collectives (summary.json a2a_bytes_per_sample, "
-            "counted from the tensors: ids and lengths, pooled embeddings, their gradients; every rank's sends, "
-            "the serve action's gradient pushes included); served fraction = samples answered from the replica "
-            "of stale rows; replica sync = its all-gathers, not part of the total.", body))
+            "Bytes per trained sample given to each kind of collective (summary.json a2a_bytes_per_sample, "
+            "counted from the tensors, every rank's sends): the embedding all-to-alls (ids and lengths, pooled "
+            "embeddings, their gradients, as the quantized comms' codec sends them), serve's gradient pushes and "
+            "replica rebuilds, the lock-step agreements (control), DDP's all-reduces of the dense arch and of "
+            "data-parallel tables; total = all of them (runs of older versions lack some kinds: n/a, not in "
+            "their total). Served fraction = samples answered from the replica of stale rows.", body))
 
     # -- precision, negative downsampling, calibration
     rows_d = downsampling.run_rows(runs)

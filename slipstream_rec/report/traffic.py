@@ -1,5 +1,6 @@
-"""The report's serving section: embedding bytes per trained sample, what was served, the
-replica, and the hot set's turnover (``slipstream=serve``; bytes for every policy)."""
+"""The report's traffic section: bytes per trained sample of every kind of collective the
+program counts, the comms' precision, what was served, the replica, and the hot set's turnover
+(``slipstream=serve``; bytes for every policy)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Any, List, Sequence, Tuple
 
 from slipstream_rec.report.runs import Run
 
-KINDS = ("input", "output", "gradient", "total")
-HEADER = ["run", "served fraction", "input B/sample", "output B/sample", "gradient B/sample", "total B/sample",
-          "total vs first run", "replica rows", "replica sync B/sample", "rows updated/step"]  # fmt: skip
+# Every kind of summary.json's a2a_bytes_per_sample (training/embedding_traffic.py), then the sum.
+KINDS = ("input", "output", "gradient", "push", "replica", "control", "dense", "data_parallel", "total")
+HEADER = ["run", "served fraction", *(f"{k} B/sample" for k in KINDS), "total vs first run", "comms on the wire",
+          "replica rows", "rows updated/step"]  # fmt: skip
 TURNOVER_HEADER = ["run", "step", "hot rows", "joined", "left"]
 
 
@@ -22,12 +24,23 @@ def traffic_rows(runs: Sequence[Run]) -> List[List[Any]]:
             continue
         base = a2a["total"] if base is None else base
         replica = run.get("replica") or {}
+        kinds = dict(a2a)
+        if "replica" not in kinds and replica.get("sync_bytes_per_sample") is not None:
+            kinds["replica"] = replica["sync_bytes_per_sample"]  # older runs: not in their total
         rows.append([
-            run.label, run.get("served_fraction"), *(a2a[k] for k in KINDS),
-            a2a["total"] / base if base else None, replica.get("rows"), replica.get("sync_bytes_per_sample"),
-            run.get("rows_updated_per_step"),
+            run.label, run.get("served_fraction"), *(kinds.get(k) for k in KINDS),
+            a2a["total"] / base if base else None, comms(run), replica.get("rows"), run.get("rows_updated_per_step"),
         ])  # fmt: skip
     return rows
+
+
+def comms(run: Run) -> str:
+    """The precision of the quantized comms (forward / backward, as sent) and the DDP hook."""
+    q, hook = run.get("qcomms") or {}, run.get("ddp_comm_hook") or {}
+    if not q and not hook:
+        return "n/a"
+    fwd, bwd = q.get("forward_on_wire", "fp32"), q.get("backward_on_wire", "fp32")
+    return f"embeddings {fwd}/{bwd}, DDP hook {hook.get('hook', 'none')}"
 
 
 def turnover_rows(runs: Sequence[Run]) -> List[Tuple[str, int, int, int, int]]:

@@ -18,6 +18,37 @@ class ShardingKind(Enum):
     data_parallel = "data_parallel"  # every table replicated; gradients all-reduced
 
 
+class CommPrecision(Enum):
+    """Precision of the pooled embeddings (forward) or their gradients (backward) on the wire."""
+
+    fp32 = "fp32"  # off: full precision, 4 bytes a value
+    fp16 = "fp16"  # 2 bytes a value (clamped to fp16's range)
+    # 2 bytes a value; on gloo (CPU) TorchRec sends fp16 instead (it says so in a warning, and
+    # summary.json's qcomms records both what was asked and what went on the wire)
+    bf16 = "bf16"
+    # row-wise int8: every 32 values as 32 bytes plus an fp32 scale and bias (40 bytes for
+    # 128 of fp32); needs per-rank embedding widths times batch sizes divisible by 32
+    int8 = "int8"
+
+
+@dataclass
+class QCommsConfig:
+    """TorchRec's quantized comms (``torchrec.distributed.fbgemm_qcomm_codec``): the pooled
+    embeddings' all-to-all / reduce-scatter and their gradients are encoded before they are sent
+    and decoded on arrival. The ids (the input all-to-all) are never quantized. Built into one
+    codec registry handed to the sharder, which the planner and DMP share (the planner reads the
+    codec's element size into its communication cost)."""
+
+    # Precision of the pooled embeddings sent in the forward: fp32 (off), fp16, bf16, int8.
+    forward: CommPrecision = CommPrecision.fp32
+    # Precision of their gradients sent back in the backward: fp32 (off), fp16, bf16, int8.
+    backward: CommPrecision = CommPrecision.fp32
+
+    @property
+    def enabled(self) -> bool:
+        return self.forward is not CommPrecision.fp32 or self.backward is not CommPrecision.fp32
+
+
 class ComputeKernel(Enum):
     """Where a table's rows live and how they are looked up (TorchRec's compute kernels)."""
 
@@ -66,3 +97,6 @@ class ShardingConfig:
     # CUDA: have FBGEMM gather its GPU-cache statistics (fused_uvm_caching tables), reported in
     # summary.json as embedding_cache (hit rate, host-to-device bytes). Costs a little per step.
     cache_stats: bool = False
+    # Quantized comms of the pooled embeddings and their gradients (sharding.qcomms.forward,
+    # sharding.qcomms.backward); fp32 on both (the default) is off.
+    qcomms: QCommsConfig = field(default_factory=QCommsConfig)

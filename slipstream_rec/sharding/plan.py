@@ -21,6 +21,7 @@ from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
 from slipstream_rec.sharding.config import ComputeKernel, ShardingConfig, ShardingKind
+from slipstream_rec.sharding.qcomms import check_qcomms, codecs_registry
 from slipstream_rec.sharding.sharder import (
     SUPPORTED_SHARDING_TYPES,
     SlipstreamEmbeddingBagCollectionSharder,
@@ -206,12 +207,14 @@ def make_planner(
 def make_sharders(
     cfg: Optional[ShardingConfig] = None, device_type: str = "cpu"
 ) -> List[ModuleSharder[nn.Module]]:
-    """The one sharder list given to both the planner and DMP (they must agree)."""
+    """The one sharder list given to both the planner and DMP (they must agree): the planner
+    reads the quantized comms' element size from it, DMP builds the output dists with them."""
     fused_params = None
     if cfg is not None and cfg.cache_stats and device_type == "cuda":
         # FBGEMM's TBE then counts its GPU cache's lookups and misses (get_uvm_cache_stats).
         fused_params = {"gather_uvm_cache_stats": True}
-    return [SlipstreamEmbeddingBagCollectionSharder(fused_params=fused_params)]
+    registry = codecs_registry(cfg.qcomms, torch.device(device_type)) if cfg is not None else None
+    return [SlipstreamEmbeddingBagCollectionSharder(fused_params=fused_params, qcomm_codecs_registry=registry)]
 
 
 def shard_model(
@@ -231,6 +234,7 @@ def shard_model(
     plan = build_plan(
         model, cfg, tables, sharders, world_size, local_world_size, device, batch_size, pg
     )
+    check_qcomms(cfg, plan, batch_size)  # the same plan and config on every rank: all or none raise
     return DistributedModelParallel(
         module=model, device=device, plan=plan, sharders=sharders
     )

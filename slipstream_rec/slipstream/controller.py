@@ -87,6 +87,7 @@ class SlipstreamController:
         # reactivate=false: the sorted flat keys of the rows found stale once (stale for good).
         self._frozen_keys = torch.zeros(0, dtype=torch.int64)
         modules = [m for m in model.modules() if isinstance(m, SlipstreamShardedEBC)]
+        self._modules = modules
         if cfg.policy.tracks and not modules:
             raise ValueError(
                 f"slipstream.policy={cfg.policy.value} needs the project's sharder "
@@ -205,7 +206,15 @@ class SlipstreamController:
             record = self.downsampler.choose_from_labels(None if upcoming is None else upcoming.labels, self.step)
             if record is not None and self.is_rank0:
                 logger.info("slipstream: negative downsampling at step %d: %s", self.step, record["reason"])
-        return lockstep(self.stream, on_drop=self._dropped, every=lockstep_every, plan=self.plan)
+        return lockstep(
+            self.stream, on_drop=self._dropped, every=lockstep_every, plan=self.plan, on_agree=self._agreed
+        )
+
+    def _agreed(self, nbytes: int) -> None:
+        """The byte meter's ``control``: kept beside the shards' own meters (the first sharded
+        module's ``a2a_bytes``), which checkpoints carry (training/embedding_traffic.py)."""
+        meter = self._modules[0].a2a_bytes if self._modules else {}
+        meter["control"] = meter.get("control", 0) + nbytes
 
     def _dropped(self, n: int) -> None:
         self._streams_done["dropped"] += n

@@ -7,7 +7,7 @@ all ranks stop together, agreeing every step or, from batches built ahead, every
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,11 @@ __all__ = ["lockstep"]
 
 
 def lockstep(
-    batches: Iterator[Batch], on_drop: Any = None, every: int = 1, plan: Optional[ServePlan] = None
+    batches: Iterator[Batch],
+    on_drop: Any = None,
+    every: int = 1,
+    plan: Optional[ServePlan] = None,
+    on_agree: Optional[Callable[[int], None]] = None,
 ) -> Iterator[Batch]:
     """Yield while EVERY rank still has a batch; stop on all ranks together; split each batch
     between the shards and the local replica the same way on every rank.
@@ -37,14 +41,16 @@ def lockstep(
     A rank that runs out holds fewer than k, so it says so k steps ahead; n < k means the last
     agreement: every rank stops after those n and drops what it built beyond them. The
     agreement falls on the same steps in an interrupted and resumed run (``agreed_ahead`` and
-    ``agreed_shard`` are part of the stream's checkpoint).
+    ``agreed_shard`` are part of the stream's checkpoint). ``on_agree`` is told the bytes this
+    rank gave to each agreement's all-reduce (the byte meter's ``control``).
     """
+    count = on_agree if on_agree is not None else (lambda _n: None)
     plan = plan if plan is not None else ServePlan()
     world = dist.get_world_size() if dist.is_initialized() else 1
     if every < 1:
         raise ValueError(f"trainer.lockstep_every_steps={every} must be >= 1 (1: agree every step)")
     if every > 1 and world > 1:
-        yield from _lockstep_ahead(batches, on_drop, every, plan)
+        yield from _lockstep_ahead(batches, on_drop, every, plan, count)
         return
     while True:
         batch = next(batches, None)
@@ -52,6 +58,7 @@ def lockstep(
         if world > 1:
             flag = torch.tensor([0 if batch is None else 1, -needed], dtype=torch.int64)
             all_reduce_(flag, dist.ReduceOp.MIN)  # all ranks, every step
+            count(flag.numel() * flag.element_size())
             everyone, sharded = bool(flag[0].item()), -int(flag[1].item())
         else:
             everyone, sharded = batch is not None, needed
@@ -63,7 +70,9 @@ def lockstep(
         yield plan.split(batch, max(1, sharded))
 
 
-def _lockstep_ahead(stream: Any, on_drop: Any, every: int, plan: ServePlan) -> Iterator[Batch]:
+def _lockstep_ahead(
+    stream: Any, on_drop: Any, every: int, plan: ServePlan, count: Callable[[int], None]
+) -> Iterator[Batch]:
     """``lockstep`` with one agreement every ``every`` batches (see there)."""
     assert hasattr(stream, "prepare"), "lockstep every k > 1 steps needs a SkippingStream"
     while True:
@@ -76,6 +85,7 @@ def _lockstep_ahead(stream: Any, on_drop: Any, every: int, plan: ServePlan) -> I
             needed += [0] * (every - len(needed))
             n = torch.tensor([ready] + [-x for x in needed], dtype=torch.int64)
             all_reduce_(n, dist.ReduceOp.MIN)  # all ranks, once every `every` batches
+            count(n.numel() * n.element_size())
             agreed = int(n[0].item())
             if agreed == 0:
                 stream.drop_ready()

@@ -71,7 +71,7 @@ class StaleServer:
         if sync_step:
             t0 = time.perf_counter()
             sent = self.grads.push(self.tracker.units, self.tracker.feature_index)  # all ranks
-            self.tracker.modules[0].a2a_bytes["gradient"] += sent  # the push carries gradients
+            self.tracker.modules[0].a2a_bytes["push"] = self.tracker.modules[0].a2a_bytes.get("push", 0) + sent
             self.push_seconds += time.perf_counter() - t0
 
     def take_counts(self) -> Optional[Counts]:

@@ -30,6 +30,14 @@ class Precision(Enum):
     auto = "auto"
 
 
+class DDPCommHook(Enum):
+    """What DDP's gradient all-reduces send (PyTorch's DDP communication hooks)."""
+
+    none = "none"  # DDP's own all-reduce, in the gradients' dtype (fp32)
+    fp16 = "fp16"  # fp16_compress_hook: each bucket cast to fp16 for the all-reduce, back after
+    bf16 = "bf16"  # bf16_compress_hook: the same in bf16 (fp32's range, fewer mantissa bits)
+
+
 @dataclass
 class TrainerConfig:
     """The training loop around the sharded model."""
@@ -68,6 +76,9 @@ class TrainerConfig:
     # all-reduce every step; k > 1: one every k steps, each rank building its next k batches
     # ahead (classified up to k steps earlier; up to k - 1 batches per rank dropped at the end).
     lockstep_every_steps: int = 1
+    # Compression of DDP's gradient all-reduces (the dense arch and any data-parallel tables):
+    # none, fp16 or bf16 (PyTorch's fp16_compress_hook / bf16_compress_hook). Halves their bytes.
+    ddp_comm_hook: DDPCommHook = DDPCommHook.none
     # Seconds a collective may wait before the job fails instead of hanging (a dead or stuck
     # rank): the surviving ranks exit with an error naming this key, and torchrun restarts them.
     collective_timeout_s: float = 600.0

@@ -1,40 +1,74 @@
-"""What the embedding path moved and what Slipstream served, as summary.json reports it.
+"""What the training collectives moved and what Slipstream served, as summary.json reports it.
 
-Machine-independent counts (bytes from the tensors each embedding collective was given, see
-``SlipstreamShardedEBC``), per trained sample, for every policy, so ``off``, ``skip`` and
-``serve`` compare directly: ``a2a_bytes_per_sample`` = {input, output, gradient, total}.
+Machine-independent counts (bytes from the tensors each collective was given), per trained
+sample, for every policy, so ``off``, ``skip`` and ``serve`` compare directly.
+``a2a_bytes_per_sample`` has one entry per kind of collective:
+
+- ``input``, ``output``, ``gradient``: the embedding all-to-alls (ids in; pooled embeddings
+  out; their gradients back), metered by ``SlipstreamShardedEBC``. ``output`` and ``gradient``
+  are what the quantized comms' codec puts on the wire (``sharding.qcomms``: the meter's fp32
+  bytes times the codec's factor, exact, see sharding/qcomms.py); the ids are never quantized.
+- ``push``: serve's all-gathers of the served samples' row gradients (slipstream/push.py).
+- ``replica``: serve's all-gathers that rebuild the replica of the stale rows (replica.py).
+- ``control``: the lock-step agreements' all-reduces (slipstream/lockstep.py).
+- ``dense``, ``data_parallel``: DDP's gradient all-reduces of the dense arch and of the
+  data-parallel tables (``trainer.ddp_comm_hook``, training/comm_hooks.py).
+- ``embedding``: input + output + gradient (what ``total`` was before the other kinds were
+  counted); ``total``: every kind.
+
+Not counted: the small collectives of setup, of Slipstream's tracking (hot set, threshold,
+snapshots' agreement), of the downsampling guard, of evaluation and of checkpoints.
+
+The kinds metered outside the sharded module (push, control, dense, data_parallel) are kept in
+the first sharded module's ``a2a_bytes`` beside its own, so a checkpoint carries them all.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, MutableMapping
 
 import torch
 from torch import nn
 
 from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.sharding.qcomms import wire_factor
 from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
 
-A2A_KINDS = ("input", "output", "gradient")
+EMBEDDING_KINDS = ("input", "output", "gradient")
+A2A_KINDS = EMBEDDING_KINDS + ("push", "replica", "control", "dense", "data_parallel")
 
 
 def _modules(model: nn.Module) -> List[SlipstreamShardedEBC]:
     return [m for m in model.modules() if isinstance(m, SlipstreamShardedEBC)]
 
 
-def local_a2a_bytes(model: nn.Module) -> Dict[str, int]:
-    """This rank's bytes given to each kind of embedding collective so far (local)."""
+def run_meter(model: nn.Module) -> MutableMapping[str, int]:
+    """Where the kinds metered outside the sharded module add their bytes (see the module doc);
+    a scratch dict for a model without Slipstream shards."""
+    modules = _modules(model)
+    return modules[0].a2a_bytes if modules else {}
+
+
+def local_a2a_bytes(model: nn.Module, controller: Any = None) -> Dict[str, int]:
+    """This rank's bytes given to each kind of collective so far (local). ``replica`` needs the
+    controller (its server's replica); without it, it is 0."""
     totals = {k: 0 for k in A2A_KINDS}
     for m in _modules(model):
+        registry = m.qcomm_codecs_registry
+        factor = {"output": wire_factor(registry, "forward"), "gradient": wire_factor(registry, "backward")}
         for k in A2A_KINDS:
-            totals[k] += m.a2a_bytes[k]
+            totals[k] += int(round(m.a2a_bytes.get(k, 0) * factor.get(k, 1.0)))
+    server = getattr(controller, "server", None)
+    if server is not None:
+        totals["replica"] += int(server.replica.sync_bytes)
     return totals
 
 
 def per_sample(totals: Dict[str, float], samples: float) -> Dict[str, float]:
-    """{input, output, gradient, total} bytes divided by ``samples``."""
-    out = {k: totals[k] / samples if samples else 0.0 for k in A2A_KINDS}
-    out["total"] = sum(out.values())
+    """Every kind's bytes divided by ``samples``, with the ``embedding`` and ``total`` sums."""
+    out = {k: totals.get(k, 0) / samples if samples else 0.0 for k in A2A_KINDS}
+    out["embedding"] = sum(out[k] for k in EMBEDDING_KINDS)
+    out["total"] = sum(out[k] for k in A2A_KINDS)
     return {k: round(v, 3) for k, v in out.items()}
 
 
@@ -47,7 +81,7 @@ def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained
     (and so updated) in a step, averaged over the measured steps (every
     ``ROWS_UPDATED_EVERY``-th).
     """
-    a2a = local_a2a_bytes(model)
+    a2a = local_a2a_bytes(model, controller)
     rows = {"steps": 0, "rows": 0}
     for m in _modules(model):
         rows["steps"] = max(rows["steps"], m.rows_updated["steps"])
@@ -58,11 +92,12 @@ def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained
     values = [float(a2a[k]) for k in A2A_KINDS] + [
         float(c["samples_served"]), float(c["lookups_served"]),
         rows["rows"] / max(1, rows["steps"]),
-        float(replica.sync_bytes) if replica is not None else 0.0,
     ]  # fmt: skip
     total = all_reduce_(torch.tensor(values, dtype=torch.float64)).tolist()  # all ranks
-    sums = dict(zip(A2A_KINDS, total[:3]))
-    served, lookups_served, rows_per_step, sync = total[3:]
+    n = len(A2A_KINDS)
+    sums = dict(zip(A2A_KINDS, total[:n]))
+    served, lookups_served, rows_per_step = total[n:]
+    sync = sums["replica"]
     return {
         "a2a_bytes_per_sample": per_sample(sums, samples_trained),
         "served_fraction": served / samples_trained if samples_trained else 0.0,

@@ -1,0 +1,91 @@
+"""``trainer.ddp_comm_hook``: PyTorch's DDP communication hooks on the model's all-reduces, and
+the bytes those all-reduces are given.
+
+DMP wraps the dense part of the model (bottom and top MLPs, interaction) in one
+DistributedDataParallel, and the lookups of data-parallel tables in another each. Every training
+step all-reduces every gradient of each (``static_graph``, no unused parameters), so the bytes a
+rank gives to them are fixed per step: the parameters' element count times the element size on
+the wire (4 for fp32; 2 under ``fp16_compress_hook`` / ``bf16_compress_hook``, which cast each
+bucket before the all-reduce and back after it). The meter adds them once per training forward
+of each DDP module (training mode, grad enabled: evaluation and Slipstream's scoring send
+nothing) into the run's byte meter as ``dense`` (the dense arch) and ``data_parallel`` (the
+data-parallel tables).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, MutableMapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from slipstream_rec.training.config import DDPCommHook
+
+_HOOKS: Dict[DDPCommHook, Callable[..., Any]] = {
+    DDPCommHook.fp16: default_hooks.fp16_compress_hook,
+    DDPCommHook.bf16: default_hooks.bf16_compress_hook,
+}
+_WIRE_BYTES = {DDPCommHook.fp16: 2, DDPCommHook.bf16: 2}
+
+
+def ddp_modules(model: nn.Module) -> List[DistributedDataParallel]:
+    """Every DDP inside ``model`` (DMP's dense wrapper first when it has one), once each."""
+    top = getattr(model, "_dmp_wrapped_module", None)
+    found = [top] if isinstance(top, DistributedDataParallel) else []
+    for m in model.modules():
+        # A sharded EBC keeps its lookups in a plain list (not a ModuleList): a data-parallel
+        # table's DDP is found there, not by modules().
+        for sub in [m, *getattr(m, "_lookups", [])]:
+            if isinstance(sub, DistributedDataParallel) and all(sub is not f for f in found):
+                found.append(sub)
+    return found
+
+
+def reduced_parameters(ddp: DistributedDataParallel) -> List[torch.Tensor]:
+    """The parameters DDP all-reduces: those needing a gradient and not set aside for DMP's
+    shards (``parameters_to_ignore``)."""
+    ignore = set(getattr(ddp, "parameters_to_ignore", ()) or ())
+    return [p for name, p in ddp.module.named_parameters() if p.requires_grad and name not in ignore]
+
+
+def bytes_per_step(ddp: DistributedDataParallel, hook: DDPCommHook) -> int:
+    """Bytes this rank gives to ``ddp``'s all-reduces in one training step."""
+    return sum(p.numel() * _WIRE_BYTES.get(hook, p.element_size()) for p in reduced_parameters(ddp))
+
+
+def install_ddp_comm_hook(
+    model: nn.Module, hook: DDPCommHook, meter: Optional[MutableMapping[str, int]] = None
+) -> Dict[str, Any]:
+    """Register ``hook`` on every DDP of ``model`` (before its first backward) and meter their
+    bytes into ``meter``; returns summary.json's ``ddp_comm_hook``. Local: no collective (every
+    rank registers the same hook, so the all-reduces stay matched)."""
+    per_step = {"dense": 0, "data_parallel": 0}
+    modules = ddp_modules(model)
+    if hook is DDPCommHook.bf16 and modules and dist.get_backend(modules[0].process_group) != "nccl":
+        # PyTorch refuses it at registration ("BF16 all reduce communication hook required
+        # CUDA 11+ and NCCL 2.10+"); say so in the project's words, before anything runs
+        raise ValueError(
+            f"trainer.ddp_comm_hook=bf16 needs CUDA and NCCL (PyTorch refuses the bf16 hook on "
+            f"{dist.get_backend(modules[0].process_group)}). Fix: trainer.ddp_comm_hook=fp16 (the "
+            "same bytes), or none"
+        )
+    for i, ddp in enumerate(modules):
+        if hook in _HOOKS:
+            ddp.register_comm_hook(None, _HOOKS[hook])  # None: DDP's own process group
+        kind = "dense" if i == 0 and ddp is getattr(model, "_dmp_wrapped_module", None) else "data_parallel"
+        nbytes = bytes_per_step(ddp, hook)
+        per_step[kind] += nbytes
+        if meter is not None:
+            ddp.register_forward_pre_hook(_counter(meter, kind, nbytes))
+    return {"hook": hook.value, "bytes_per_step": per_step}
+
+
+def _counter(meter: MutableMapping[str, int], kind: str, nbytes: int) -> Callable[..., None]:
+    def count(module: nn.Module, _args: Any) -> None:
+        if module.training and torch.is_grad_enabled():
+            meter[kind] = meter.get(kind, 0) + nbytes
+
+    return count
