@@ -48,9 +48,24 @@ def _slice_batch(lo: int, hi: int):
     return Batch(dense_features=dense[lo:hi], sparse_features=kjt, labels=labels[lo:hi])
 
 
-def equivalence_worker(env, kind: str):
+def reference_and_rank_model(rank: int):
+    """The small DLRM of these tests: (config, the unsharded reference and its full state dict,
+    identical on every rank, and this rank's unsharded model, initialised differently from the
+    reference so that every weight of a sharded copy must come from the full state)."""
     from slipstream_rec.model.config import ModelConfig
-    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
+    from slipstream_rec.model.dlrm import build_model
+
+    cfg = ModelConfig(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)  # same reference on every rank
+    ref = build_model(cfg, 13, FEATURES, ROWS, cpu, embedding_device=cpu)
+    full = {k: v.detach().clone() for k, v in ref.state_dict().items()}
+    torch.manual_seed(100 + rank)  # sharded init differs: every weight must come from `full`
+    return cfg, ref, full, build_model(cfg, 13, FEATURES, ROWS, cpu)
+
+
+def equivalence_worker(env, kind: str):
+    from slipstream_rec.model.dlrm import embedding_bag_configs
     from slipstream_rec.optim import (
         EmbeddingOptimConfig,
         EmbeddingOptimizerKind,
@@ -62,14 +77,8 @@ def equivalence_worker(env, kind: str):
     from slipstream_rec.sharding.plan import describe_plan, shard_model
     from slipstream_rec.sharding.state import load_full_state_dict
 
-    cfg = ModelConfig(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
     cpu = torch.device("cpu")
-    torch.manual_seed(0)  # same reference on every rank
-    ref = build_model(cfg, 13, FEATURES, ROWS, cpu, embedding_device=cpu)
-    full = {k: v.detach().clone() for k, v in ref.state_dict().items()}
-
-    torch.manual_seed(100 + env.rank)  # sharded init differs: every weight must come from `full`
-    model = build_model(cfg, 13, FEATURES, ROWS, cpu)
+    cfg, ref, full, model = reference_and_rank_model(env.rank)
     optim_cfg = OptimConfig(embedding=EmbeddingOptimConfig(type=EmbeddingOptimizerKind.sgd, lr=LR))
     fuse_embedding_optimizer(model, optim_cfg.embedding)
     sharding = ShardingConfig(type=ShardingKind[kind], column_shard_dim=4)

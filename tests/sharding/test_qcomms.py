@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, LR, ROWS, WORLD, _slice_batch
+from tests.sharding.test_equivalence import (
+    FEATURES, LOCAL_BATCH, LR, ROWS, WORLD, _slice_batch, reference_and_rank_model,
+)  # fmt: skip
 
 # The input argument of each collective TorchRec's comm ops call (comm_ops.py), by name.
 _COLLECTIVES = {
@@ -54,8 +56,7 @@ def _wrap_collectives(counted: dict):
 
 
 def qcomms_worker(env, kind: str, forward: str, backward: str):
-    from slipstream_rec.model.config import ModelConfig
-    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
+    from slipstream_rec.model.dlrm import embedding_bag_configs
     from slipstream_rec.optim import (
         EmbeddingOptimConfig,
         EmbeddingOptimizerKind,
@@ -68,13 +69,8 @@ def qcomms_worker(env, kind: str, forward: str, backward: str):
     from slipstream_rec.sharding.state import load_full_state_dict
     from slipstream_rec.training.embedding_traffic import local_a2a_bytes
 
-    cfg = ModelConfig(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
     cpu = torch.device("cpu")
-    torch.manual_seed(0)
-    ref = build_model(cfg, 13, FEATURES, ROWS, cpu, embedding_device=cpu)
-    full = {k: v.detach().clone() for k, v in ref.state_dict().items()}
-    torch.manual_seed(100 + env.rank)
-    model = build_model(cfg, 13, FEATURES, ROWS, cpu)
+    cfg, ref, full, model = reference_and_rank_model(env.rank)
     optim_cfg = OptimConfig(embedding=EmbeddingOptimConfig(type=EmbeddingOptimizerKind.sgd, lr=LR))
     fuse_embedding_optimizer(model, optim_cfg.embedding)
     qcomms = QCommsConfig(forward=CommPrecision(forward), backward=CommPrecision(backward))

@@ -9,15 +9,14 @@ import pytest
 import torch
 
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
+from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch, reference_and_rank_model
 
 
 def hook_worker(env, hook: str, kind: str):
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from slipstream_rec.model.config import ModelConfig
-    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
+    from slipstream_rec.model.dlrm import embedding_bag_configs
     from slipstream_rec.optim import EmbeddingOptimConfig, EmbeddingOptimizerKind, OptimConfig, fuse_embedding_optimizer
     from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
     from slipstream_rec.sharding.plan import shard_model
@@ -25,13 +24,8 @@ def hook_worker(env, hook: str, kind: str):
     from slipstream_rec.training.comm_hooks import ddp_modules, install_ddp_comm_hook
     from slipstream_rec.training.config import DDPCommHook
 
-    cfg = ModelConfig(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
     cpu = torch.device("cpu")
-    torch.manual_seed(0)
-    ref = build_model(cfg, 13, FEATURES, ROWS, cpu, embedding_device=cpu)
-    full = {k: v.detach().clone() for k, v in ref.state_dict().items()}
-    torch.manual_seed(100 + env.rank)
-    model = build_model(cfg, 13, FEATURES, ROWS, cpu)
+    cfg, ref, full, model = reference_and_rank_model(env.rank)
     fuse_embedding_optimizer(model, EmbeddingOptimConfig(type=EmbeddingOptimizerKind.sgd, lr=0.1))
     dmp = shard_model(model, ShardingConfig(type=ShardingKind[kind]), embedding_bag_configs(cfg, FEATURES, ROWS), cpu,
                       LOCAL_BATCH)
