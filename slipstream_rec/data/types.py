@@ -12,9 +12,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 @dataclass
 class ServedRows:
-    """The rows a split batch's served samples looked up, keyed on the host when the batch is
-    split (slipstream/push.py ``served_rows``), so that the training step sums their gradients
-    with one ``index_add_`` into a buffer whose size the host already knows.
+    """The rows a batch's served lookups hit, keyed on the host when the batch is split
+    (slipstream/push.py ``served_rows``), so that the training step sums their gradients with one
+    ``index_add_`` into a buffer whose size the host already knows.
 
     ``keys`` and ``counts`` stay on the host (the push and the hot-set counts read them there);
     ``inverse`` and ``bags`` travel to the device with the batch.
@@ -23,21 +23,51 @@ class ServedRows:
     keys: torch.Tensor  # (K,) int64 sorted distinct flat keys (slipstream/rows.py RowIndex)
     counts: torch.Tensor  # (K,) int64 lookups of each key
     inverse: torch.Tensor  # (lookups,) int64: each lookup's position in ``keys``
-    bags: Optional[torch.Tensor] = None  # (lookups,) int64 bag of each lookup; None: one id per bag
+    bags: torch.Tensor  # (lookups,) int64: each lookup's bag, feature-major (feature * B + sample)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "ServedRows":
         move = lambda t: t.to(device=device, non_blocking=non_blocking)  # noqa: E731
-        bags = None if self.bags is None else move(self.bags)
-        return ServedRows(self.keys, self.counts, move(self.inverse), bags)
+        return ServedRows(self.keys, self.counts, move(self.inverse), move(self.bags))
 
     def pin_memory(self) -> "ServedRows":
-        bags = None if self.bags is None else self.bags.pin_memory()
-        return ServedRows(self.keys, self.counts, self.inverse.pin_memory(), bags)
+        return ServedRows(self.keys, self.counts, self.inverse.pin_memory(), self.bags.pin_memory())
 
     def record_stream(self, stream: torch.Stream) -> None:
         self.inverse.record_stream(stream)
-        if self.bags is not None:
-            self.bags.record_stream(stream)
+        self.bags.record_stream(stream)
+
+
+@dataclass
+class Served:
+    """The lookups of a batch answered from Slipstream's local replica of stale rows, per lookup
+    (slipstream/serving.py). A bag's pooled embedding is the sum of its replica part (``pooled``)
+    and its sharded part (the bag's lookups outside the replica, sent through the shards).
+
+    Before the ranks agree on the sharded size (annotated): ``local`` marks the lookups in the
+    replica and ``gather`` is None. After the split: the batch's ``sparse_features`` hold only the
+    other lookups, each feature's bags packed into the first slots of S (the agreed size), and
+    ``gather`` says where each bag's sharded part is in the sharded output; ``local`` is None.
+    """
+
+    pooled: torch.Tensor  # (B, F, D) float32: each bag's sum over its replica lookups (0: none)
+    rows: ServedRows  # the rows those lookups hit
+    # (lookups,) bool, KJT value order: the lookup is a replica row. Host; None once split.
+    local: Optional[torch.Tensor] = None
+    # (B * F,) int64, sample-major: bag (b, f)'s row in the sharded output viewed as (S * F, D),
+    # slot * F + f; S * F (a row of zeros) for a bag with no sharded lookup. None until split.
+    gather: Optional[torch.Tensor] = None
+
+    def _map(self, fn, rows_fn) -> "Served":  # type: ignore[no-untyped-def]
+        return Served(
+            pooled=fn(self.pooled), rows=rows_fn(self.rows), local=self.local,  # local: host bookkeeping
+            gather=None if self.gather is None else fn(self.gather),
+        )  # fmt: skip
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        self.pooled.record_stream(stream)
+        self.rows.record_stream(stream)
+        if self.gather is not None:
+            self.gather.record_stream(stream)
 
 
 @dataclass
@@ -54,19 +84,9 @@ class Batch(TorchRecBatch):
     """
 
     weights: torch.Tensor = None  # type: ignore[assignment]  # (B,) float32; filled in __post_init__
-    # Slipstream's serve action (slipstream/serving.py). Before the ranks agree on the split:
-    # ``servable`` (B,) bool marks the samples whose lookups all hit the local replica of stale
-    # rows, ``served_pooled`` holds their pooled embeddings (n_servable, F, D) in sample order,
-    # computed on the host from the replica (which lives there). After the split:
-    # ``sparse_features`` holds only the first S samples (the sharded part, S agreed by all
-    # ranks), the last B - S samples are answered by ``served_pooled`` (B - S, F, D) with
-    # ``served_features`` (their ids, B - S samples) and ``served_rows`` (the rows those ids
-    # hit, whose gradients are pushed to the shards later, slipstream/push.py), and
-    # ``servable`` is None. All None: every sample goes through the shards.
-    servable: Optional[torch.Tensor] = None
-    served_pooled: Optional[torch.Tensor] = None
-    served_features: Optional[KeyedJaggedTensor] = None
-    served_rows: Optional[ServedRows] = None
+    # Slipstream's serve action: the lookups answered from the local replica (``Served``); None:
+    # every lookup goes through the shards.
+    served: Optional[Served] = None
 
     def __post_init__(self) -> None:
         if self.weights is None:
@@ -78,7 +98,8 @@ class Batch(TorchRecBatch):
 
     @property
     def sharded_size(self) -> int:
-        """Samples that go through the sharded embeddings (all of them unless split for serving)."""
+        """Slots per feature sent through the sharded embeddings (the batch size unless split
+        for serving)."""
         return int(self.sparse_features.stride())
 
     def _map(self, fn, rows_fn) -> "Batch":  # type: ignore[no-untyped-def]
@@ -87,10 +108,7 @@ class Batch(TorchRecBatch):
             sparse_features=fn(self.sparse_features),
             labels=fn(self.labels),
             weights=fn(self.weights),
-            servable=None if self.servable is None else fn(self.servable),
-            served_pooled=None if self.served_pooled is None else fn(self.served_pooled),
-            served_features=self.served_features,  # host bookkeeping (checkpoints): never moved
-            served_rows=None if self.served_rows is None else rows_fn(self.served_rows),
+            served=None if self.served is None else self.served._map(fn, rows_fn),
         )
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
@@ -102,10 +120,8 @@ class Batch(TorchRecBatch):
     def record_stream(self, stream: torch.Stream) -> None:
         super().record_stream(stream)
         self.weights.record_stream(stream)
-        if self.served_pooled is not None:
-            self.served_pooled.record_stream(stream)
-        if self.served_rows is not None:
-            self.served_rows.record_stream(stream)
+        if self.served is not None:
+            self.served.record_stream(stream)
 
     def pin_memory(self) -> "Batch":
         return self._map(lambda t: t.pin_memory(), lambda r: r.pin_memory())

@@ -80,18 +80,23 @@ class DLRMTask(nn.Module):
         self, batch: Batch
     ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
         dlrm = self.model
-        # TorchRec's DLRM.forward, with the pooled embeddings of the samples Slipstream serves
-        # from its local replica (slipstream/serving.py) appended after the sharded ones: the
-        # batch is ordered that way, so the dense network sees all B samples.
+        # TorchRec's DLRM.forward, with the lookups Slipstream serves from its local replica
+        # added back to their bags.
         embedded_dense = dlrm.dense_arch(batch.dense_features)
         embedded_sparse = dlrm.sparse_arch(batch.sparse_features)  # (S, F, D)
-        if batch.served_pooled is not None:
-            # A leaf of its own, so that the gradient the served samples owe their rows can be
-            # read after backward and pushed to the shards later (slipstream/push.py).
-            served = batch.served_pooled.detach().to(embedded_sparse.dtype).requires_grad_(self.training)
+        if batch.served is not None:
+            # Per lookup serving (slipstream/serving.py): each bag is the sum of its sharded part,
+            # found in the compacted sharded output by ``gather`` (a row of zeros where the bag
+            # has no sharded lookup), and its part from the local replica of stale rows.
+            # The replica part is a leaf of its own, so that the gradient its rows owe can be read
+            # after backward and pushed to their shards later (slipstream/push.py).
+            served = batch.served
+            f, d = dlrm.sparse_arch.F, dlrm.sparse_arch.D  # ints: the pipeline traces this code
+            rows = torch.cat([embedded_sparse.reshape(-1, d), embedded_sparse.new_zeros(1, d)])
+            local = served.pooled.detach().to(embedded_sparse.dtype).requires_grad_(self.training)
             if self.training:
-                self.served = (batch.served_rows, served)
-            embedded_sparse = torch.cat([embedded_sparse, served])
+                self.served = (served.rows, local)
+            embedded_sparse = rows.index_select(0, served.gather).view(-1, f, d) + local
         concatenated = dlrm.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
         logits = dlrm.over_arch(concatenated).squeeze(-1)
         per_sample = nn.functional.binary_cross_entropy_with_logits(

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from slipstream_rec.data.types import Batch, ServedRows, host_kjt
+from slipstream_rec.data.types import Batch, Served, ServedRows, host_kjt
 
 __all__ = [
     "select_rows", "slice_rows", "concat_batches", "select_kjt", "concat_kjts", "batch_to_state",
@@ -158,15 +158,22 @@ def batch_to_state(batch: Batch) -> Dict[str, Any]:
         "weights": batch.weights.detach().cpu().clone(),
         # serving (slipstream/serving.py): the annotation of a batch built ahead, or the served
         # part of a split batch; None for every other batch
-        "servable": None if batch.servable is None else batch.servable.detach().cpu().clone(),
-        "served_pooled": None if batch.served_pooled is None else batch.served_pooled.detach().cpu().clone(),
-        "served": None if batch.served_features is None else _kjt_to_state(batch.served_features),
-        "served_rows": None if batch.served_rows is None else _rows_to_state(batch.served_rows),
+        "served": None if batch.served is None else _served_to_state(batch.served),
     }
 
 
-def _rows_to_state(rows: ServedRows) -> Dict[str, Any]:
-    return {k: None if t is None else t.detach().cpu().clone() for k, t in vars(rows).items()}
+def _served_to_state(served: Served) -> Dict[str, Any]:
+    copy = lambda t: None if t is None else t.detach().cpu().clone()  # noqa: E731
+    return {
+        "pooled": copy(served.pooled), "local": copy(served.local), "gather": copy(served.gather),
+        "rows": {k: copy(t) for k, t in vars(served.rows).items()},
+    }  # fmt: skip
+
+
+def _served_from_state(state: Dict[str, Any]) -> Served:
+    return Served(
+        pooled=state["pooled"], rows=ServedRows(**state["rows"]), local=state["local"], gather=state["gather"]
+    )
 
 
 def _kjt_to_state(kjt: KeyedJaggedTensor) -> Dict[str, Any]:
@@ -184,10 +191,13 @@ def _kjt_from_state(state: Dict[str, Any]) -> KeyedJaggedTensor:
 
 def batch_from_state(state: Dict[str, Any]) -> Batch:
     """Inverse of ``batch_to_state``."""
+    if "served_pooled" in state and state["served_pooled"] is not None:
+        raise ValueError(
+            "the checkpoint holds a batch split by the older per-sample serving; this version "
+            "serves per lookup and cannot resume it. Fix: start a new run directory"
+        )
     served = state.get("served")
     return Batch(
         dense_features=state["dense"], sparse_features=_kjt_from_state(state), labels=state["labels"],
-        weights=state["weights"], servable=state.get("servable"), served_pooled=state.get("served_pooled"),
-        served_features=None if served is None else _kjt_from_state(served),
-        served_rows=None if state.get("served_rows") is None else ServedRows(**state["served_rows"]),
+        weights=state["weights"], served=None if served is None else _served_from_state(served),
     )

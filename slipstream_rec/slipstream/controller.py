@@ -545,9 +545,14 @@ class SlipstreamController:
             # what the classifier and safeguards decided, whether or not the policy skips
             # (track_only: what paper_plus would have skipped on the same stream)
             "samples_would_skip": int(self.decider.totals.skipped),  # 0 under off: never asked
-            # serve: samples (and their lookups) answered from the replica; 0 for every other action
+            # serve: lookups answered from the replica, samples all of whose lookups were, the
+            # bags sent through the shards (padding slots included) of all bags; for every
+            # other action nothing is served and every bag is sent
             "samples_served": self.plan.samples_served,
             "lookups_served": self.plan.lookups_served,
+            "lookups_split": self.plan.lookups_split,
+            "slots_sent": self.plan.slots_sent,
+            "bags_split": self.plan.bags_split,
         }
 
     def global_counters(self) -> Dict[str, int]:

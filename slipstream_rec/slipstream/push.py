@@ -22,7 +22,6 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from slipstream_rec.data.types import ServedRows, host_kjt
 from slipstream_rec.distributed import gather_varlen
@@ -32,16 +31,11 @@ from slipstream_rec.slipstream.sharded import ShardUnit
 __all__ = ["ServedGradients", "served_rows", "unit_cuts"]
 
 
-def served_rows(kjt: KeyedJaggedTensor, index: RowIndex) -> ServedRows:
-    """The rows the served samples ``kjt`` (a host KJT) look up, keyed on the host: distinct
-    flat keys, their lookup counts, each lookup's key position and, unless every bag holds one
-    id, each lookup's bag (feature-major, the pooled embeddings' layout). Local."""
-    flat = index.flat_keys(kjt)
+def served_rows(flat: torch.Tensor, bags: torch.Tensor) -> ServedRows:
+    """The rows of the served lookups, keyed on the host: distinct flat keys, their lookup
+    counts, each lookup's key position and its bag (``bags``, feature-major: the layout of
+    the pooled embeddings' gradient, transposed). Local."""
     keys, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
-    lengths = kjt.lengths().to(torch.int64)
-    bags = None
-    if not bool((lengths == 1).all()):
-        bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
     return ServedRows(keys, counts, inverse, bags)
 
 
@@ -61,14 +55,13 @@ class ServedGradients:
 
     @torch.no_grad()
     def add(self, rows: ServedRows, bag_grads: torch.Tensor) -> None:
-        """Add the gradient ``bag_grads`` (n, F, D) of the pooled embeddings of the served samples
-        whose rows are ``rows`` (``served_rows`` of their KJT) to those rows. Local; no host
+        """Add the gradient ``bag_grads`` (B, F, D) of the replica parts of a batch's pooled
+        embeddings to the rows of its served lookups ``rows`` (``served_rows``). Local; no host
         read: the step's sums go into a buffer of ``rows.keys`` rows, which the host knows."""
         if rows.inverse.numel() == 0:
             return
         per_bag = bag_grads.detach().float().transpose(0, 1).reshape(-1, self.dim)  # feature-major
-        # one id per bag (the usual case): the bags are the lookups
-        per_lookup = per_bag if rows.bags is None else per_bag.index_select(0, rows.bags)
+        per_lookup = per_bag.index_select(0, rows.bags)
         step_grads = torch.zeros(rows.keys.numel(), self.dim, device=per_bag.device)
         self._parts.append((rows.keys, step_grads.index_add_(0, rows.inverse, per_lookup)))
 

@@ -1,9 +1,9 @@
-"""A copy of the stale hot rows on every rank, so that inputs touching only them are served locally.
+"""A copy of the stale hot rows on every rank, so that lookups of them are served locally.
 
-Slipstream's ``serve`` action (``slipstream.action=serve``) answers an input whose lookups all hit
-stale rows from this replica instead of the sharded tables: no input all-to-all, no shard lookup,
-no pooled-embedding all-to-all and no gradient all-to-all for it, while the dense network still
-trains on it.
+Slipstream's ``serve`` action (``slipstream.action=serve``) answers every lookup of a stale row
+from this replica instead of the sharded tables (``serving.py``): the lookup sends no id through
+the input all-to-all, and a bag all of whose lookups are served sends no pooled embedding and
+receives no gradient through the output all-to-all, while the dense network still trains on it.
 
 Consistency (bounded staleness): the replica is rebuilt from the shards at every snapshot, when
 the tracker has just agreed on the stale set on every rank, and copied again every
@@ -31,12 +31,10 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from slipstream_rec.distributed import gather_varlen
-from slipstream_rec.slipstream.classify import per_sample_max_change
 from slipstream_rec.slipstream.push import unit_cuts
-from slipstream_rec.slipstream.rows import RowIndex, RowState
+from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.sharded import ShardUnit, flush_caches
 
 __all__ = ["StaleReplica"]
@@ -54,9 +52,6 @@ class StaleReplica:
         self.device = device
         self.keys = torch.zeros(0, dtype=torch.int64)  # sorted flat keys, on the host
         self.values = torch.zeros(0, self.dim, dtype=torch.float32, device=device)
-        # Membership as a RowState (change 0 for a replica row, +inf otherwise): its per-table
-        # lookup view answers "is every lookup of this sample in the replica" in one pass.
-        self._member = RowState(index.num_rows, index)
         self.rebuilds = 0
         self.sync_bytes = 0  # bytes this rank gave to the rebuild gathers, all rebuilds
         self.joined = 0  # rows that entered at the last rebuild
@@ -67,8 +62,8 @@ class StaleReplica:
         return int(self.keys.numel())
 
     def nbytes(self) -> int:
-        """Bytes this rank holds for the replica: keys, row values, membership view."""
-        return int(self.keys.numel() * 8 + self.values.numel() * self.values.element_size() + self._member.nbytes())
+        """Bytes this rank holds for the replica: keys and row values."""
+        return int(self.keys.numel() * 8 + self.values.numel() * self.values.element_size())
 
     # ---- rebuild (collective) -------------------------------------------------------------
     @torch.no_grad()
@@ -120,31 +115,25 @@ class StaleReplica:
         self.left = int((~torch.isin(before, keys)).sum()) if before.numel() else 0
         self.keys = keys.clone()
         self.values = values.to(self.device)
-        self._member.replace(self.keys, torch.zeros(n))
         self.rebuilds += 1
 
     # ---- serving (local) --------------------------------------------------------------------
-    def servable(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        """(B,) bool: the samples whose every lookup is a replica row (and that have a lookup)."""
+    def contains(self, flat: torch.Tensor) -> torch.Tensor:
+        """(n,) bool: which of the flat keys ``flat`` (host) are replica rows."""
         if not self.rows:
-            return torch.zeros(kjt.stride(), dtype=torch.bool)
-        return per_sample_max_change(kjt, self.index, self._member) < 1.0  # 0 in, +inf out
+            return torch.zeros(flat.shape, dtype=torch.bool)
+        pos = torch.searchsorted(self.keys, flat).clamp_(max=self.rows - 1)
+        return self.keys.index_select(0, pos.view(-1)).view(flat.shape) == flat
 
-    def pooled(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        """(B, F, D) SUM-pooled embeddings of ``kjt`` from the replica, F in the KJT's key order.
-        Every lookup must be a replica row (``servable``)."""
-        num_keys, stride = len(kjt.keys()), kjt.stride()
-        flat = self.index.flat_keys(kjt)
+    def pooled(self, flat: torch.Tensor, bags: torch.Tensor, num_bags: int) -> torch.Tensor:
+        """(num_bags, D): each bag's SUM of the replica rows ``flat`` that fall in it (``bags``:
+        each key's bag); 0 for a bag with none. Every key must be a replica row (``contains``)."""
         pos = torch.searchsorted(self.keys, flat)
         assert flat.numel() == 0 or bool((self.keys[pos.clamp(max=self.rows - 1)] == flat).all()), (
-            "pooled() of a sample that is not servable"
+            "pooled() of a key that is not in the replica"
         )
-        lengths = kjt.lengths().to(torch.int64)
-        offsets = torch.cumsum(lengths, 0) - lengths
-        bags = torch.nn.functional.embedding_bag(
-            pos.to(self.device), self.values, offsets.to(self.device), mode="sum"
-        )  # (F * B, D), feature-major like the KJT
-        return bags.view(num_keys, stride, self.dim).transpose(0, 1).contiguous()
+        out = torch.zeros(num_bags, self.dim, dtype=torch.float32, device=self.device)
+        return out.index_add_(0, bags.to(self.device), self.values.index_select(0, pos.to(self.device)))
 
     # ---- checkpointing (local) ----------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -160,6 +149,5 @@ class StaleReplica:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.keys = state["keys"].clone()
         self.values = state["values"].to(self.device)
-        self._member.replace(self.keys, torch.zeros(self.keys.numel()))
         for k in ("rebuilds", "sync_bytes", "joined", "left"):
             setattr(self, k, int(state[k]))

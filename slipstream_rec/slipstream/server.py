@@ -103,7 +103,8 @@ class StaleServer:
             "replica_bytes": self.replica.nbytes(),
             "replica_joined": self.replica.joined,
             "replica_left": self.replica.left,
-            "served_fraction": plan.samples_served / max(1, plan.samples_split),
+            "served_fraction": plan.lookups_served / max(1, plan.lookups_split),  # lookups, this rank
+            "slots_fraction": plan.slots_sent / max(1, plan.bags_split),
         }
 
     def nbytes(self) -> int:

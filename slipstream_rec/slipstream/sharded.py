@@ -334,7 +334,11 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
             if values.numel() == 0:
                 continue
             keys = len(kjt.keys())
-            per_key = kjt.lengths().view(keys, -1).sum(1)
+            lengths = kjt.lengths()
+            if kjt.variable_stride_per_key():  # serve's per-lookup batches (VBE): strides per key
+                per_key = torch.stack([part.sum() for part in lengths.split(kjt.stride_per_key())])
+            else:
+                per_key = lengths.view(keys, -1).sum(1)
             feature = torch.repeat_interleave(
                 torch.arange(keys, device=values.device), per_key, output_size=values.numel()
             )

@@ -76,8 +76,12 @@ def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained
     """The summary's traffic and serving fields. Collective: all ranks enter one SUM all-reduce.
 
     Bytes per sample: every rank's sends summed, over the samples all ranks trained: a rank's
-    mean sends per sample it trained. ``served_fraction``: samples answered from the replica over
-    samples trained. ``rows_updated_per_step``: distinct rows the shards of all ranks looked up
+    mean sends per sample it trained. ``served_fraction``: lookups answered from the replica over
+    the lookups of the samples trained (serve works per lookup, slipstream/serving.py);
+    ``samples_served``: samples all of whose lookups were; ``slots_fraction``: bags sent through
+    the shards (the sharded size S per feature, padding included) over all bags, what the
+    pooled-embedding all-to-alls shrink by; ``served_by_feature``: each feature's share of
+    lookups served (the ceiling of the output side is the least served feature). ``rows_updated_per_step``: distinct rows the shards of all ranks looked up
     (and so updated) in a step, averaged over the measured steps (every
     ``ROWS_UPDATED_EVERY``-th).
     """
@@ -89,20 +93,27 @@ def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained
     server = controller.server
     replica = server.replica if server is not None else None
     c = controller.plan.counters()
+    plan = controller.plan
+    features = controller.index.num_features  # the same on every rank
+    per_feature = [plan.feature_lookups or [0] * features, plan.feature_served or [0] * features]
+    assert all(len(x) == features for x in per_feature), "one count per feature"
     values = [float(a2a[k]) for k in A2A_KINDS] + [
-        float(c["samples_served"]), float(c["lookups_served"]),
-        rows["rows"] / max(1, rows["steps"]),
-    ]  # fmt: skip
+        float(c["samples_served"]), float(c["lookups_served"]), float(c["lookups_split"]),
+        float(c["slots_sent"]), float(c["bags_split"]), rows["rows"] / max(1, rows["steps"]),
+    ] + [float(x) for x in per_feature[0] + per_feature[1]]  # fmt: skip
     total = all_reduce_(torch.tensor(values, dtype=torch.float64)).tolist()  # all ranks
     n = len(A2A_KINDS)
     sums = dict(zip(A2A_KINDS, total[:n]))
-    served, lookups_served, rows_per_step = total[n:]
+    served, lookups_served, lookups, slots, bags, rows_per_step = total[n : n + 6]
+    seen, hit = total[n + 6 : n + 6 + features], total[n + 6 + features :]
     sync = sums["replica"]
     return {
         "a2a_bytes_per_sample": per_sample(sums, samples_trained),
-        "served_fraction": served / samples_trained if samples_trained else 0.0,
+        "served_fraction": lookups_served / lookups if lookups else 0.0,
         "samples_served": int(served),
         "lookups_served": int(lookups_served),
+        "slots_fraction": round(slots / bags, 4) if bags else 1.0,
+        "served_by_feature": [round(h / s, 4) if s else 0.0 for s, h in zip(seen, hit)],
         "rows_updated_per_step": round(rows_per_step, 1),
         "replica": None
         if replica is None

@@ -3,14 +3,16 @@
 Two copies of the same DLRM are sharded the same way and loaded with the same weights: ``off``
 trains one global batch through the shards; ``serve`` first copies a set of rows into the local
 replica (a collective: the values must come from every rank's shards), splits each rank's half of
-the batch between the shards and the replica (the ranks agree on the sharded size in
-``lockstep``), trains it, pushes the served samples' row gradients through the shards and steps.
+the batch's lookups between the shards and the replica (every lookup of a replica row is served;
+the ranks agree on the sharded slots per feature in ``lockstep``), trains it, pushes the served
+lookups' row gradients through the shards and steps.
 
 The expectations come from ``off`` on the unsplit batch, and from the reference weights:
 - the replica holds exactly the reference rows it was given;
-- every rank's sharded size is the largest number of samples any rank needs to send;
-- logits equal ``off``'s sample by sample (the split reorders the batch: mapped back), and the
-  dense gradients equal ``off``'s (the loss is a mean over the same samples);
+- every rank's sharded size is the largest number of bags of one feature with a lookup outside
+  the replica on any rank (counted here in plain loops);
+- logits equal ``off``'s sample by sample (nothing is reordered), and the dense gradients equal
+  ``off``'s (the loss is a mean over the same samples);
 - with SGD (linear, stateless), one step of the shard gradient in backward plus the pushed sum of
   the served gradient moves every row exactly as ``off``'s single step does; with the tables'
   learning rate 0 nothing moves at all (the issue's "rows that do not change").
@@ -98,12 +100,24 @@ def serve_step_worker(env, kind: str, lr: float):
 
     lo, hi = env.rank * LOCAL_BATCH, (env.rank + 1) * LOCAL_BATCH
     batch = _slice_batch(lo, hi)
-    needed = int((~replica.servable(batch.sparse_features)).sum())
+    in_replica = set(keys.tolist())
+    kjt = batch.sparse_features
+    flat = index.flat_keys(kjt).tolist()
+    lengths = kjt.lengths().tolist()
+    needed, served_lookups, at = 0, 0, 0
+    for f in range(len(FEATURES)):  # plain loops: bags of f with a lookup outside the replica
+        sent = 0
+        for i in range(LOCAL_BATCH):
+            bag = flat[at : at + lengths[f * LOCAL_BATCH + i]]
+            at += len(bag)
+            sent += any(k not in in_replica for k in bag)
+            served_lookups += sum(k in in_replica for k in bag)
+        needed = max(needed, sent)
     plan = ServePlan(replica)
     split = next(lockstep(iter([_slice_batch(lo, hi)]), plan=plan))  # all ranks: the agreement
     sizes = gather_varlen(torch.tensor([split.sharded_size, needed]))
     assert split.sharded_size == max(1, int(sizes[1::2].max())), sizes  # every rank: the MAX
-    assert split.batch_size == LOCAL_BATCH and split.served_pooled.shape[0] == LOCAL_BATCH - split.sharded_size
+    assert split.batch_size == LOCAL_BATCH and plan.lookups_served == served_lookups
 
     # off on the unsplit batch
     off_opt.zero_grad()
@@ -121,11 +135,8 @@ def serve_step_worker(env, kind: str, lr: float):
     grads.push(ebc.units, {f: i for i, f in enumerate(FEATURES)})  # all ranks
     serve_opt.step()
 
-    # the split's order: the samples that need the shards, then the servable ones
-    mask = replica.servable(batch.sparse_features)
-    order = torch.cat([(~mask).nonzero().view(-1), mask.nonzero().view(-1)])
-    torch.testing.assert_close(logits, off_logits[order], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(labels, batch.labels[order])
+    torch.testing.assert_close(logits, off_logits, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(labels, batch.labels)
     off_params = dict(off.named_parameters())
     dense = 0
     for name, param in serve.named_parameters():
@@ -143,7 +154,7 @@ def serve_step_worker(env, kind: str, lr: float):
             moved += int((mine != start).any(dim=1).sum())
             checked += mine.shape[0]
     assert checked > 0
-    return {"sharded": split.sharded_size, "served": LOCAL_BATCH - split.sharded_size, "moved": moved}
+    return {"sharded": split.sharded_size, "served": served_lookups, "moved": moved}
 
 
 def _shards(serve_value, off_value, full_value):
@@ -163,6 +174,7 @@ def test_a_serve_step_equals_an_off_step(kind):
     results = run_workers(serve_step_worker, world_size=WORLD, kind=kind, lr=0.5)
     assert len({r["sharded"] for r in results}) == 1, results  # one agreed size on every rank
     assert sum(r["served"] for r in results) > 0, "the batch must serve something to test serving"
+    assert results[0]["sharded"] < LOCAL_BATCH, "the sharded part must be compacted to test packing"
 
 
 def test_with_frozen_tables_serving_changes_no_row():
@@ -215,7 +227,7 @@ def reactivation_worker(env):
         torch.testing.assert_close(values[pos][:, unit.col_offset : unit.col_offset + unit.cols], unit.weights[local])
 
     _, batch5 = step(5)
-    assert batch5.served_pooled is not None and ctl.server.plan.samples_served > 0
+    assert batch5.served is not None and ctl.server.plan.lookups_served > 0
     # f0's hot rows move a lot before the next snapshot: they leave the replica (re-activation)
     f0 = ctl.index.to_flat(0, torch.arange(ROWS[0]))
     in_replica = torch.isin(ctl.server.replica.keys, f0)
@@ -227,7 +239,7 @@ def reactivation_worker(env):
     record, _ = step(6)
     assert not bool(torch.isin(ctl.server.replica.keys, f0).any())
     assert record["replica_left"] >= int(in_replica.sum())
-    return {"served": ctl.server.plan.samples_served, "replica": ctl.server.replica.rows}
+    return {"served": ctl.server.plan.lookups_served, "replica": ctl.server.replica.rows}
 
 
 def test_the_replica_follows_the_stale_set_and_a_row_that_moves_again_leaves_it():

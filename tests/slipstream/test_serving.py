@@ -1,4 +1,4 @@
-"""The serve action's local parts, in one process: replica, split, served gradients.
+"""The serve action's local parts, in one process: replica, per-lookup split, served gradients.
 
 Expected values come from plain Python loops over the samples and their ids (the independent
 reference), never from the functions under test.
@@ -92,21 +92,42 @@ def _reference_pooled(samples, tables):
     return out
 
 
-SERVABLE = [0, 1, 4]
+FULLY_SERVED = [0, 1, 4]  # samples with lookups, every one of them a replica row
+
+
+def _in_replica(f, row):
+    return row in REPLICA[FEATURES[f]]
+
+
+def _reference_parts(samples, tables):
+    """Per bag, in plain loops: the replica part (sum of its replica rows) and the sharded ids."""
+    local = torch.zeros(len(samples), len(FEATURES), DIM)
+    sharded = [[[row for row in s[f] if not _in_replica(f, row)] for s in samples] for f in range(len(FEATURES))]
+    for i, s in enumerate(samples):
+        for f in range(len(FEATURES)):
+            for row in s[f]:
+                if _in_replica(f, row):
+                    local[i, f] += tables[f][row]
+    return local, sharded
 
 
 @pytest.mark.parametrize("column_split", [False, True])
-def test_replica_rows_servable_samples_and_pooled_embeddings(column_split):
-    replica, tables, _ = _replica(column_split)
+def test_replica_rows_membership_and_pooled_parts(column_split):
+    replica, tables, index = _replica(column_split)
     assert replica.rows == 7 and replica.joined == 7 and replica.left == 0
     for key, value in zip(replica.keys.tolist(), replica.values):
         f = 0 if key < 6 else (1 if key < 15 else 2)
         row = key - [0, 6, 15][f]
         assert torch.equal(value, tables[f][row])  # full rows, columns assembled from the shards
-    mask = replica.servable(_kjt(SAMPLES))
-    assert mask.tolist() == [i in SERVABLE for i in range(len(SAMPLES))]
-    served = [SAMPLES[i] for i in SERVABLE]
-    torch.testing.assert_close(replica.pooled(_kjt(served)), _reference_pooled(served, tables))
+    kjt = _kjt(SAMPLES)
+    expected = [_in_replica(f, row) for f in range(len(FEATURES)) for s in SAMPLES for row in s[f]]
+    flat = index.flat_keys(kjt)
+    assert replica.contains(flat).tolist() == expected
+    local = torch.tensor(expected)
+    bags = torch.repeat_interleave(torch.arange(kjt.lengths().numel()), kjt.lengths().long())
+    pooled = replica.pooled(flat[local], bags[local], kjt.lengths().numel())  # feature-major bags
+    reference, _ = _reference_parts(SAMPLES, tables)
+    torch.testing.assert_close(pooled.view(len(FEATURES), len(SAMPLES), DIM).transpose(0, 1), reference)
 
 
 def test_a_rebuild_reports_the_rows_that_joined_and_left():
@@ -116,58 +137,81 @@ def test_a_rebuild_reports_the_rows_that_joined_and_left():
     replica.rebuild(units, keys, {n: i for i, n in enumerate(FEATURES)})
     # before: a0 a1 a2 b0 b5 c1 c3; after: a0 a4 c1 c3
     assert (replica.joined, replica.left, replica.rows) == (1, 4, 4)
-    assert not replica.servable(_kjt(SAMPLES)).any()  # every sample touched a row that left, or b
+    left = torch.cat([index.to_flat(0, torch.tensor([1, 2])), index.to_flat(1, torch.tensor([0, 5]))])
+    assert not replica.contains(left).any() and replica.contains(keys).all()
 
 
-def test_split_orders_sharded_samples_first_and_serves_the_rest():
+def test_split_serves_every_replica_lookup_and_packs_the_rest_per_feature():
     replica, tables, _ = _replica()
     plan = ServePlan(replica)
     batch = _batch(SAMPLES)
+    local, sharded = _reference_parts(SAMPLES, tables)
+    kept = [[i for i, ids in enumerate(sharded[f]) if ids] for f in range(len(FEATURES))]  # bags sent
+    assert [len(k) for k in kept] == [1, 1, 0]  # a: sample 2 (a=3), b: sample 5 (b=8), c: none
     needed = plan.annotate(batch)
-    assert needed == 3 and batch.servable.tolist() == [i in SERVABLE for i in range(len(SAMPLES))]
-    # Another rank needed 4: one servable sample (the first, sample 0) goes through the shards too.
-    out = plan.split(batch, 4)
-    order = [2, 3, 5, 0, 1, 4]  # needed (in order), then servable (in order)
-    assert out.batch_size == 6 and out.sharded_size == 4
-    assert out.dense_features[:, 0].tolist() == [2.0 * i for i in order]
-    assert out.labels.tolist() == [float(i % 2) for i in order]
-    served = [SAMPLES[i] for i in order[4:]]
-    torch.testing.assert_close(out.served_pooled, _reference_pooled(served, tables))
-    assert out.sparse_features.stride() == 4
-    assert out.sparse_features.lengths().view(3, 4).tolist() == [[len(SAMPLES[i][f]) for i in order[:4]] for f in range(3)]
-    assert out.served_features.stride() == 2
-    assert plan.samples_served == 2 and plan.lookups_served == 4 + 5  # samples 1 (4 ids) and 4 (5 ids)
+    assert needed == 1
+    # Another rank needed 2 slots: every feature sends 2, its kept bags first, then empty slots.
+    slots = 2
+    out = plan.split(batch, slots)
+    assert out.batch_size == 6 and out.sharded_size == slots
+    assert torch.equal(out.dense_features, batch.dense_features) and torch.equal(out.labels, batch.labels)
+    lengths = [[len(sharded[f][i]) for i in kept[f]] + [0] * (slots - len(kept[f])) for f in range(len(FEATURES))]
+    assert out.sparse_features.lengths().view(3, slots).tolist() == lengths
+    values = [row for f in range(len(FEATURES)) for i in kept[f] for row in sharded[f][i]]
+    assert out.sparse_features.values().tolist() == values
+    torch.testing.assert_close(out.served.pooled, local)
+    # Exactness on the host: the sharded output (each slot's bag pooled from the full tables)
+    # gathered back and added to the replica part is every bag's full pooled embedding.
+    out_rows = torch.zeros(slots, len(FEATURES), DIM)
+    for f in range(len(FEATURES)):
+        for slot, i in enumerate(kept[f]):
+            for row in sharded[f][i]:
+                out_rows[slot, f] += tables[f][row]
+    padded = torch.cat([out_rows.view(-1, DIM), torch.zeros(1, DIM)])
+    rebuilt = padded.index_select(0, out.served.gather).view(len(SAMPLES), len(FEATURES), DIM) + out.served.pooled
+    torch.testing.assert_close(rebuilt, _reference_pooled(SAMPLES, tables))
+    n_local = sum(_in_replica(f, row) for s in SAMPLES for f in range(len(FEATURES)) for row in s[f])
+    assert plan.lookups_served == n_local == 16  # 3 + 4 + 2 + 5 + 2
+    assert plan.samples_served == len(FULLY_SERVED)
+    assert plan.slots_sent == slots * len(FEATURES) and plan.bags_split == len(SAMPLES) * len(FEATURES)
+    assert plan.feature_served == [sum(_in_replica(f, r) for s in SAMPLES for r in s[f]) for f in range(3)]
+    assert out.served.rows.counts.sum() == n_local and out.served.local is None
 
 
-def test_without_a_replica_every_sample_goes_through_the_shards():
+def test_without_a_replica_every_lookup_goes_through_the_shards():
     plan = ServePlan(None)
     batch = _batch(SAMPLES)
     assert plan.annotate(batch) == len(SAMPLES)
     out = next(lockstep(iter([batch]), plan=plan))  # one process: the agreement is local
-    assert out is batch and out.served_pooled is None and plan.samples_served == 0
+    assert out is batch and out.served is None and plan.samples_served == 0 and plan.lookups_served == 0
+    assert plan.slots_sent == plan.bags_split == len(SAMPLES) * len(FEATURES)
 
 
-def test_one_process_lockstep_sends_exactly_the_needed_samples():
+def test_one_process_lockstep_sends_exactly_the_needed_slots():
     replica, _, _ = _replica()
     plan = ServePlan(replica)
     out = next(lockstep(iter([_batch(SAMPLES)]), plan=plan))
-    assert out.sharded_size == 3 and out.served_pooled.shape == (3, 3, DIM)
+    assert out.sharded_size == 1 and out.served.pooled.shape == (len(SAMPLES), 3, DIM)
 
 
 def test_served_gradients_sum_per_row_over_every_occurrence():
     index = RowIndex(FEATURES, ROWS)
     grads = ServedGradients(index, DIM)
-    served = [SAMPLES[i] for i in SERVABLE]
+    kjt = _kjt(SAMPLES)
+    flat = index.flat_keys(kjt)
+    local = torch.tensor([_in_replica(f, row) for f in range(len(FEATURES)) for s in SAMPLES for row in s[f]])
+    bags = torch.repeat_interleave(torch.arange(kjt.lengths().numel()), kjt.lengths().long())
     g = torch.Generator().manual_seed(5)
-    bag_grads = [torch.randn(len(served), len(FEATURES), DIM, generator=g) for _ in range(2)]
+    bag_grads = [torch.randn(len(SAMPLES), len(FEATURES), DIM, generator=g) for _ in range(2)]
     for bg in bag_grads:  # two steps
-        grads.add(served_rows(_kjt(served), index), bg)
+        grads.add(served_rows(flat[local], bags[local]), bg)
     expected = {}
     for bg in bag_grads:
-        for i, s in enumerate(served):
+        for i, s in enumerate(SAMPLES):
             for f in range(len(FEATURES)):
                 for row in s[f]:
-                    key = int(index.offsets[f]) + row
-                    expected[key] = expected.get(key, torch.zeros(DIM)) + bg[i, f]
+                    if _in_replica(f, row):  # only the served lookups owe their rows a gradient
+                        key = int(index.offsets[f]) + row
+                        expected[key] = expected.get(key, torch.zeros(DIM)) + bg[i, f]
     assert grads.keys.tolist() == sorted(expected)
     torch.testing.assert_close(grads.grads, torch.stack([expected[k] for k in sorted(expected)]))

@@ -71,12 +71,13 @@ def _served_batch(server: StaleServer) -> Batch:
 def test_a_served_batch_leaves_the_data_side_with_host_tensors_only_and_pins(strict_pinning):
     server = _server_on(META)
     batch = _served_batch(server)
-    assert batch.served_pooled is not None and batch.served_pooled.shape[0] == 3  # samples 0, 1, 4 served
+    assert batch.served is not None and batch.served.pooled.shape[0] == len(SAMPLES)  # every bag's part
     pinned = batch.pin_memory()  # what Trainer._timed does on CUDA, every batch
     moved = pinned.to(META, non_blocking=True)  # the pipeline's copy to the device
-    assert moved.served_pooled.is_meta and moved.served_rows.inverse.is_meta
+    assert moved.served.pooled.is_meta and moved.served.gather.is_meta
+    assert moved.served.rows.inverse.is_meta and moved.served.rows.bags.is_meta
     # what stays on the host when the batch moves: the push's keys and the counts
-    assert moved.served_rows.keys.device.type == "cpu" and moved.served_rows.counts.device.type == "cpu"
+    assert moved.served.rows.keys.device.type == "cpu" and moved.served.rows.counts.device.type == "cpu"
 
 
 def test_forward_backward_and_served_gradients_on_the_device_read_nothing_back(strict_pinning):
@@ -89,7 +90,7 @@ def test_forward_backward_and_served_gradients_on_the_device_read_nothing_back(s
     server.after_backward(task, sync_step=False)  # the served rows' gradients summed, counted
     assert len(server.grads._parts) == 1 and server.grads._parts[0][1].is_meta
     keys, counts = server.take_counts()  # host: merged where they are
-    assert keys.device.type == "cpu" and int(counts.sum()) == 3 + 4 + 5  # samples 0, 1, 4: their lookups
+    assert keys.device.type == "cpu" and int(counts.sum()) == 16  # every lookup of a replica row
     guard = NegativeDownsampler(0.5, seed=0)
     guard.observe(logits, labels)  # held-out sums stay where the logits are
     assert guard._window.is_meta
@@ -110,9 +111,9 @@ def test_batches_carry_their_lengths_per_key_so_torchrec_reads_nothing_back(tmp_
     from slipstream_rec.data.loader import NpyBatchLoader
     from tests.data.test_loader import write_dataset
 
-    split = _served_batch(_server_on(META))  # select_kjt's KJTs: the sharded and the served part
+    split = _served_batch(_server_on(META))  # the split's KJT: the sharded lookups, packed
     (loaded, *_) = list(NpyBatchLoader(write_dataset(tmp_path / "d", {"train": 64}), "train", batch_size=16, train=True))
-    for kjt in (split.sparse_features, split.served_features, loaded.sparse_features):
+    for kjt in (split.sparse_features, loaded.sparse_features):
         per_key = kjt.lengths().view(len(kjt.keys()), -1).sum(1).tolist()
         moved = kjt.to(META)
         assert moved.length_per_key() == per_key
