@@ -199,6 +199,39 @@ def gather_varlen(
     return (out, list(lengths)) if with_lengths else out
 
 
+def exchange_varlen(
+    parts: List[torch.Tensor], lengths: Optional[List[int]] = None, with_lengths: bool = False, bulk: bool = False
+) -> Any:
+    """All-to-all of 1-D tensors of any length: ``parts[r]`` goes to rank r; returns what every
+    rank sent to this one, concatenated in rank order.
+
+    Routing as ``gather_varlen``: ``bulk`` values through the main backend (returned on its
+    device), small host tensors through the gloo side group under nccl. ``lengths``: what each
+    rank sends here, when the caller knows it (no size exchange); else exchanged first.
+    ``with_lengths``: return ``(tensor, lengths)``. Collective: all ranks enter (one all_to_all
+    of the sizes unless ``lengths``, then one of the values).
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return (parts[0], [parts[0].numel()]) if with_lengths else parts[0]
+    world = dist.get_world_size()
+    assert len(parts) == world, "one part per rank"
+    t = torch.cat(parts)
+    home = collective_device() if bulk else t.device
+    group = _CPU_GROUP if not bulk and t.device.type == "cpu" and _CPU_GROUP is not None else None
+    if group is None:
+        t = t.to(collective_device())
+    sent = [int(p.numel()) for p in parts]
+    if lengths is None:
+        mine = torch.tensor(sent, dtype=torch.int64, device=t.device)
+        theirs = torch.empty_like(mine)
+        dist.all_to_all_single(theirs, mine, group=group)
+        lengths = theirs.tolist()
+    out = torch.empty(sum(lengths), dtype=t.dtype, device=t.device)
+    dist.all_to_all_single(out, t, output_split_sizes=list(lengths), input_split_sizes=sent, group=group)
+    out = out.to(home)
+    return (out, list(lengths)) if with_lengths else out
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s value on every rank. Collective: all ranks enter."""
     box: List[Any] = [obj]

@@ -87,6 +87,13 @@ class SlipstreamConfig:
     # 0: at every snapshot). Smaller: served inputs read rows fewer steps old and stale rows get
     # their served gradients sooner, for an all-gather of the replica and a push each time.
     replica_sync_steps: int = 0
+    # serve: what a sync sends of the replica. A row is sent again only where its shard differs
+    # from the replica's copy by more than this (largest absolute difference over a shard's
+    # columns); rows that join the replica are sent whole. 0: every row that moved (only the
+    # pushed rows move), so the replica equals the shards after each sync; larger: fewer bytes,
+    # a served row then differs from its shard by at most this plus the pushes since the last
+    # sync; -1: every row every sync (a full copy).
+    replica_sync_bound: float = 0.0
     # Re-decide staleness at every snapshot, so a stale row that moves again is re-activated.
     # false: a row found stale stays stale for the rest of training (the paper).
     reactivate: bool = True
@@ -187,6 +194,11 @@ class SlipstreamConfig:
                 self.replica_sync_steps == 0
                 or (self.replica_sync_steps >= 1 and self.snapshot_interval % self.replica_sync_steps == 0),
                 f"0 (sync at every snapshot) or a divisor of slipstream.snapshot_interval={self.snapshot_interval}",
+            ),
+            (
+                "replica_sync_bound",
+                self.replica_sync_bound >= 0 or self.replica_sync_bound == -1,
+                "0 or more (-1: a full copy at every sync)",
             ),
             ("target_skip_fraction", 0 <= self.target_skip_fraction <= 1, "a fraction in [0, 1]"),
             ("max_threshold", self.max_threshold >= 0, "0 or more"),

@@ -106,7 +106,7 @@ class SlipstreamController:
             # chosen within budget / (1 + world) keep both within it.
             self.budget //= 1 + world
         # serve: the replica of the stale rows and what serving owes (collective: all ranks).
-        self.server = StaleServer(self.tracker, self.index) if cfg.serves else None
+        self.server = StaleServer(self.tracker, self.index, cfg.replica_sync_bound) if cfg.serves else None
         self.plan = self.server.plan if self.server is not None else ServePlan()
         self._count_every = max(1, round(1.0 / cfg.count_fraction))
         self.decider = SkipDecider(
@@ -296,7 +296,7 @@ class SlipstreamController:
         since = step - cfg.count_steps
         snapshot = self._snapshot_step(step)
         if self.server is not None and self._sync_step(step) and not snapshot:
-            # All ranks: the same rows copied again from the shards, which the push just updated.
+            # All ranks: the rows the push just moved, copied again from the shards.
             t0 = time.perf_counter()
             self.server.rebuild(self.server.replica.keys)
             self.seconds["sync"] += time.perf_counter() - t0

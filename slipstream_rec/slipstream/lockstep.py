@@ -31,9 +31,10 @@ def lockstep(
 
     Collective: all ranks enter one MIN all-reduce per agreement. Without it, a rank whose stream
     ran dry first would leave the others waiting in the next all-to-all until the timeout. The
-    same all-reduce carries, negated, the samples each rank needs to send through the shards
-    (``ServePlan.annotate``), so every rank learns the sharded size S of each batch (the MAX,
-    at least 1) with no extra collective; without a replica S is the batch size.
+    same all-reduce carries, negated, the slots per feature each rank needs through the shards
+    (``ServePlan.annotate``: its most bags of one feature with a lookup outside the replica), so
+    every rank learns the sharded size S of each batch (the MAX, at least 1) with no extra
+    collective; without a replica S is the batch size.
 
     ``every`` = 1: one agreement per batch. ``every`` = k > 1 (``batches`` must be a
     ``SkippingStream``): each rank builds its next k batches ahead (``prepare``), the ranks agree

@@ -1,13 +1,14 @@
-"""The gradients that served samples owe to their rows: summed locally, pushed to their shards.
+"""The gradients that served lookups owe to their rows: summed locally, pushed to their shards.
 
-A served sample (``serving.py``) reads its rows from the replica and sends nothing through the
-shards, so its gradient for those rows does not reach them in its step. Dropping it would be
+A served lookup (``serving.py``) reads its row from the replica and sends nothing through the
+shards, so its gradient for that row does not reach it in its step. Dropping it would be
 skipping again (measured: on ``clicklog_quick`` serving 32% of the samples without the push cost
 0.0045 test AUC; with the tables frozen it cost nothing, so all of the loss was these gradients).
-Instead each rank sums, per row, the gradient its served samples' pooled embeddings received
-(SUM pooling: a row gets its bag's gradient once per occurrence), and every
-``replica_sync_steps`` the ranks exchange the sums (one all-gather of (row, gradient) pairs) and
-every rank applies, to the shards it holds, the sum over ranks divided by the world size: what
+Instead each rank sums, per row, the gradient its served lookups' bags received (SUM pooling: a
+row gets its bag's gradient once per occurrence), and every ``replica_sync_steps`` each rank
+sends its sums to the ranks that hold their rows (one all-to-all of (row, gradient) pairs; a
+data-parallel table's rows to every rank) and every rank applies, to the shards it holds, the
+sum over ranks divided by the world size: what
 TorchRec's output all-to-all backward and gradient division make of a step's gradient. A shard
 applies it by a forward and backward of its own embedding kernel on one lookup per row (no
 communication: the kernel's fused optimizer updates the rows in backward; for data-parallel
@@ -24,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from slipstream_rec.data.types import ServedRows, host_kjt
-from slipstream_rec.distributed import gather_varlen
+from slipstream_rec.distributed import all_gather_objects, exchange_varlen
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.sharded import ShardUnit
 
-__all__ = ["ServedGradients", "served_rows", "unit_cuts"]
+__all__ = ["RowOwners", "ServedGradients", "served_rows", "unit_cuts"]
 
 
 def served_rows(flat: torch.Tensor, bags: torch.Tensor) -> ServedRows:
@@ -37,6 +38,29 @@ def served_rows(flat: torch.Tensor, bags: torch.Tensor) -> ServedRows:
     the pooled embeddings' gradient, transposed). Local."""
     keys, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
     return ServedRows(keys, counts, inverse, bags)
+
+
+class RowOwners:
+    """Which ranks hold a slice of which rows: every rank's shard units as spans of flat keys.
+    Collective (construction): ALL ranks enter one all-gather of the spans."""
+
+    def __init__(self, units: List[ShardUnit], index: RowIndex, feature_idx: Dict[str, int]) -> None:
+        firsts = [index.offset_list[feature_idx[u.feature]] + u.row_offset for u in units]
+        mine = [[f, f + u.rows] for f, u in zip(firsts, units)]
+        spans = all_gather_objects(mine) if dist.is_initialized() else [mine]
+        self.spans = [torch.tensor(s, dtype=torch.int64).view(-1, 2) for s in spans]
+
+    def masks(self, keys: torch.Tensor) -> List[torch.Tensor]:
+        """For every rank, which of the sorted host ``keys`` it holds a slice of (column shards
+        and data-parallel copies included). Local."""
+        out = []
+        for spans in self.spans:
+            cuts = torch.searchsorted(keys, spans.view(-1)).view(-1, 2).tolist()
+            mask = torch.zeros(keys.numel(), dtype=torch.bool)
+            for lo, hi in cuts:
+                mask[lo:hi] = True
+            out.append(mask)
+        return out
 
 
 class ServedGradients:
@@ -50,6 +74,7 @@ class ServedGradients:
         self._keys = torch.zeros(0, dtype=torch.int64)
         self._grads = torch.zeros(0, self.dim, device=device)
         self._parts: List[Any] = []  # (host keys, device sums) of the steps since the last merge
+        self.owners: Optional[RowOwners] = None  # who holds which rows, learnt at the first push
         self.pushes = 0  # pushes that moved at least one row (same count on every rank)
         self.rows_pushed = 0  # rows this rank pushed, all pushes
 
@@ -92,15 +117,24 @@ class ServedGradients:
         return self._grads
 
     def push(self, units: List[ShardUnit], feature_idx: Dict[str, int]) -> int:
-        """Exchange the sums and apply them to this rank's shards ``units``; returns the bytes
-        this rank gave to the exchange. Collective: ALL ranks enter, with or without rows of
-        their own: the keys through the host group (every rank learns every rank's row count
-        from them), then the sums through the main backend (device tensors under nccl), sized
-        by those counts, so no rank reads a size back from its device."""
+        """Send the sums to the ranks that hold their rows and apply them there; returns the
+        bytes this rank sent to other ranks. Collective: ALL ranks enter, with or without rows
+        of their own: the first push learns every rank's shards (``RowOwners``, one all-gather
+        of their spans), then each push is one all-to-all of the keys through the host group
+        (its sizes tell every rank what it receives) and one of the sums through the main backend
+        (device tensors under nccl), sized by those counts, so no rank reads a size back from
+        its device. A row goes only to the ranks that hold a slice of it (all of them for a
+        data-parallel table, whose copies must stay equal)."""
         keys, grads = self.keys, self.grads
-        sent = keys.numel() * 8 + grads.numel() * 4
-        all_keys, lengths = gather_varlen(keys, with_lengths=True)  # all ranks
-        all_grads = gather_varlen(grads.reshape(-1), lengths=[n * self.dim for n in lengths], bulk=True)
+        if self.owners is None:
+            self.owners = RowOwners(units, self.index, feature_idx)  # all ranks, once
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        picks = [m.nonzero().view(-1) for m in self.owners.masks(keys)]
+        key_parts = [keys.index_select(0, p) for p in picks]
+        grad_parts = [grads.index_select(0, p.to(grads.device, non_blocking=True)).reshape(-1) for p in picks]
+        sent = sum(k.numel() * 8 + k.numel() * self.dim * 4 for r, k in enumerate(key_parts) if r != rank)
+        all_keys, lengths = exchange_varlen(key_parts, with_lengths=True)  # all ranks
+        all_grads = exchange_varlen(grad_parts, lengths=[n * self.dim for n in lengths], bulk=True)
         all_grads = all_grads.view(-1, self.dim)
         world = dist.get_world_size() if dist.is_initialized() else 1
         unique, inverse = torch.unique(all_keys, return_inverse=True)  # host

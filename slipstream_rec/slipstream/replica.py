@@ -54,6 +54,7 @@ class StaleReplica:
         self.values = torch.zeros(0, self.dim, dtype=torch.float32, device=device)
         self.rebuilds = 0
         self.sync_bytes = 0  # bytes this rank gave to the rebuild gathers, all rebuilds
+        self.rows_sent = 0  # row slices this rank sent to them
         self.joined = 0  # rows that entered at the last rebuild
         self.left = 0  # rows that left at the last rebuild (re-activated or no longer hot)
 
@@ -67,52 +68,86 @@ class StaleReplica:
 
     # ---- rebuild (collective) -------------------------------------------------------------
     @torch.no_grad()
-    def rebuild(self, units: List[ShardUnit], keys: torch.Tensor, feature_idx: Dict[str, int]) -> None:
-        """Copy the rows ``keys`` (sorted flat keys, identical on every rank) from the shards.
+    def rebuild(
+        self, units: List[ShardUnit], keys: torch.Tensor, feature_idx: Dict[str, int], bound: float = -1.0
+    ) -> None:
+        """Make the replica the rows ``keys`` (sorted flat keys, identical on every rank), from
+        the shards, sending only what changed: a row the replica already holds is sent again
+        only where the shard's values differ from the held copy by more than ``bound`` (the
+        largest absolute difference over the columns a shard holds); a row that joins is sent
+        whole. ``bound`` < 0 sends every row.
 
-        Collective: ALL ranks enter (the slices each rank sends, as (first, end, column, width)
-        descriptors through the host group, then their values through the main backend, sized
-        by the descriptors; empty where a rank holds none of the rows). Each rank sends the
-        slices it holds of non-replicated shards (rows x its columns); data-parallel rows are
-        copied locally. Every rank ends with the same full rows.
+        Under per-lookup serving a replica row changes on its shard only through the pushes
+        (every lookup of it is served), so between two syncs only the rows pushed move, and a
+        sync with ``bound`` 0 sends exactly those: the replica equals the shards after it.
+
+        Collective: ALL ranks enter (per shard slice sent, a (column, width, rows) descriptor
+        and the rows' positions in ``keys`` through the host group, then their values through
+        the main backend, sized by the descriptors; empty where a rank sends nothing). Each rank
+        compares and sends the slices it holds of non-replicated shards; data-parallel rows are
+        copied locally. Every rank ends with the same rows.
         """
         keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1).cpu()
         n, dim = keys.numel(), self.dim
-        values = torch.zeros(n, dim, dtype=torch.float32)
-        filled = torch.zeros(n, dtype=torch.int64)  # columns received per row
         flush_caches(units)  # fused_uvm_caching: the newest values may sit in the GPU cache
-        slices: List[List[int]] = []  # [first key position, end, column, width] sent by this rank
-        send_values: List[torch.Tensor] = []  # their rows, where the shard is
-        local: List[List[int]] = []  # the same for data-parallel rows, copied without sending
-        local_values: List[torch.Tensor] = []
+        # The rows held now, at their new positions (held[i]: keys[i] was in the replica).
+        before, old = self.keys, self.values.cpu()
+        pos = torch.searchsorted(before, keys).clamp_(max=max(0, before.numel() - 1))
+        held = (before.index_select(0, pos) == keys) if before.numel() else torch.zeros(n, dtype=torch.bool)
+        values = torch.zeros(n, dim, dtype=torch.float32)
+        values[held] = old.index_select(0, pos[held])
+        filled = torch.zeros(n, dtype=torch.int64)  # columns received per row that joined
         firsts, cuts = unit_cuts(units, keys, self.index, feature_idx)
+        current: List[torch.Tensor] = []  # the shards' rows, to the host in one copy
+        spans: List[List[int]] = []
         for unit, first, (lo, hi) in zip(units, firsts, cuts):
-            if hi == lo:
-                continue
-            rows = unit.weights.index_select(0, (keys[lo:hi] - first).to(unit.weights.device)).float()
-            (local if unit.replicated else slices).append([lo, hi, unit.col_offset, unit.cols])
-            (local_values if unit.replicated else send_values).append(rows.reshape(-1))
+            if hi > lo:
+                current.append(unit.weights.index_select(0, (keys[lo:hi] - first).to(unit.weights.device)).float().reshape(-1))
+                spans.append([lo, hi, unit.col_offset, unit.cols, int(unit.replicated)])
         home = units[0].weights.device if units else torch.device("cpu")  # where the shards are
-        mine = torch.tensor(slices, dtype=torch.int64).reshape(-1)
-        sent = torch.cat(send_values) if send_values else torch.zeros(0, device=home)
-        self.sync_bytes += mine.numel() * 8 + sent.numel() * 4
-        # All ranks: the descriptors (host), then the values they describe (main backend).
-        all_slices, counts = gather_varlen(mine, with_lengths=True)
-        per_rank = all_slices.view(-1, 4).split([c // 4 for c in counts])
-        widths = [int(((s[:, 1] - s[:, 0]) * s[:, 3]).sum()) for s in per_rank]
-        received = gather_varlen(sent, lengths=widths, bulk=True)
-        # the one copy to the host, of the received and the data-parallel rows together
-        all_values = torch.cat([received.to(home)] + local_values).cpu()
+        flat_rows = torch.cat(current).cpu() if current else torch.zeros(0)  # the one copy to the host
+        descriptors: List[int] = []  # (column, width, rows) per slice this rank sends
+        positions: List[torch.Tensor] = []
+        send: List[torch.Tensor] = []
         at = 0
-        for lo, hi, col, width in all_slices.view(-1, 4).tolist() + local:
-            size = (hi - lo) * width
-            values[lo:hi, col : col + width] = all_values[at : at + size].view(hi - lo, width)
-            filled[lo:hi] += width
-            at += size
-        assert bool((filled == dim).all()), "every replica row assembled from all of its columns"
-        before = self.keys
-        self.joined = int((~torch.isin(keys, before)).sum()) if n else 0
-        self.left = int((~torch.isin(before, keys)).sum()) if before.numel() else 0
+        for lo, hi, col, width, replicated in spans:
+            rows = flat_rows[at : at + (hi - lo) * width].view(hi - lo, width)
+            at += (hi - lo) * width
+            moved = ~held[lo:hi]
+            if bound >= 0:
+                diff = (rows - values[lo:hi, col : col + width]).abs().amax(1)
+                moved |= diff > bound
+            else:
+                moved[:] = True
+            idx = moved.nonzero().view(-1)
+            if replicated:  # every rank holds these weights: copied here, never sent
+                values[lo + idx, col : col + width] = rows.index_select(0, idx)
+                filled[lo + idx] += width
+                continue
+            if idx.numel():
+                descriptors += [col, width, int(idx.numel())]
+                positions.append(lo + idx)
+                send.append(rows.index_select(0, idx).reshape(-1))
+        mine = torch.tensor(descriptors, dtype=torch.int64)
+        where = torch.cat(positions) if positions else torch.zeros(0, dtype=torch.int64)
+        sent = torch.cat(send).to(home) if send else torch.zeros(0, device=home)
+        self.sync_bytes += (mine.numel() + where.numel()) * 8 + sent.numel() * 4
+        self.rows_sent += int(where.numel())
+        # All ranks: the descriptors and positions (host), then the values (main backend).
+        all_desc, counts = gather_varlen(mine, with_lengths=True)
+        all_where = gather_varlen(where)
+        per_rank = all_desc.view(-1, 3).split([c // 3 for c in counts])
+        widths = [int((d[:, 1] * d[:, 2]).sum()) for d in per_rank]
+        received = gather_varlen(sent, lengths=widths, bulk=True).cpu()
+        at_pos = at_val = 0
+        for col, width, count in all_desc.view(-1, 3).tolist():
+            idx = all_where[at_pos : at_pos + count]
+            values[idx, col : col + width] = received[at_val : at_val + count * width].view(count, width)
+            filled[idx] += width
+            at_pos, at_val = at_pos + count, at_val + count * width
+        assert bool((filled[~held] == dim).all()), "every row that joined assembled from all of its columns"
+        self.joined = int((~held).sum())
+        self.left = int(before.numel() - held.sum())
         self.keys = keys.clone()
         self.values = values.to(self.device)
         self.rebuilds += 1
@@ -144,6 +179,7 @@ class StaleReplica:
             "sync_bytes": self.sync_bytes,
             "joined": self.joined,
             "left": self.left,
+            "rows_sent": self.rows_sent,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -151,3 +187,4 @@ class StaleReplica:
         self.values = state["values"].to(self.device)
         for k in ("rebuilds", "sync_bytes", "joined", "left"):
             setattr(self, k, int(state[k]))
+        self.rows_sent = int(state.get("rows_sent", 0))

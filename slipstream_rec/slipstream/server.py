@@ -8,7 +8,7 @@ points of every step, all on step numbers every rank shares:
   their rows (``push.py``); on a counted step their lookups are counted, since no shard sees
   them and the hot set must still see their rows looked up;
 - after the snapshot (``rebuild``): the replica follows the new stale set; after the other sync
-  steps it is copied again.
+  steps the rows the push moved are copied again (``slipstream.replica_sync_bound``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ Counts = Tuple[torch.Tensor, torch.Tensor]  # (sorted flat keys, int64 counts)
 class StaleServer:
     """Replica, split plan, served gradients and served lookup counts of one rank."""
 
-    def __init__(self, tracker: StalenessTracker, index: RowIndex) -> None:
+    def __init__(self, tracker: StalenessTracker, index: RowIndex, sync_bound: float = 0.0) -> None:
         # Collective (all ranks): the embedding dim is agreed by a MAX all-reduce, as a rank may
         # hold no shard at all.
         units = tracker.units
@@ -49,6 +49,7 @@ class StaleServer:
         device = units[0].weights.device if units else torch.device("cpu")  # the training device
         self.tracker = tracker
         self.index = index
+        self.sync_bound = float(sync_bound)  # slipstream.replica_sync_bound
         # The replica lives on the host, where the data side reads it (replica.py); the served
         # gradients are summed where they are computed.
         self.replica = StaleReplica(index, dim, torch.device("cpu"))
@@ -92,8 +93,10 @@ class StaleServer:
 
     # ---- after the snapshot (collective) ------------------------------------------------------
     def rebuild(self, stale_keys: torch.Tensor) -> None:
-        """The replica becomes the rows ``stale_keys`` (identical on every rank). Collective."""
-        self.replica.rebuild(self.tracker.units, stale_keys, self.tracker.feature_index)
+        """The replica becomes the rows ``stale_keys`` (identical on every rank), sending only the
+        rows that joined and the rows that moved past ``slipstream.replica_sync_bound``.
+        Collective."""
+        self.replica.rebuild(self.tracker.units, stale_keys, self.tracker.feature_index, self.sync_bound)
 
     # ---- reporting and checkpointing (local) --------------------------------------------------
     def record(self) -> Dict[str, Any]:

@@ -215,3 +215,33 @@ def test_served_gradients_sum_per_row_over_every_occurrence():
                         expected[key] = expected.get(key, torch.zeros(DIM)) + bg[i, f]
     assert grads.keys.tolist() == sorted(expected)
     torch.testing.assert_close(grads.grads, torch.stack([expected[k] for k in sorted(expected)]))
+
+
+@pytest.mark.parametrize("column_split", [False, True])
+def test_a_sync_sends_only_the_rows_that_moved_past_the_bound_and_the_rows_that_joined(column_split):
+    replica, tables, index = _replica(column_split)
+    units = _units(tables, column_split)
+    features = {n: i for i, n in enumerate(FEATURES)}
+    sent_before = replica.rows_sent
+    # b5 moves by 0.5 in one column, c1 by 0.01; a row that joins (a4) is new to the replica
+    tables[1][5, 2] += 0.5
+    tables[2][1, 0] += 0.01
+    keys = torch.cat([replica.keys, index.to_flat(0, torch.tensor([4]))]).sort().values
+    replica.rebuild(units, keys, features, bound=0.1)
+    held = {int(k): v for k, v in zip(replica.keys, replica.values)}
+    b5, c1, a4 = int(index.to_flat(1, torch.tensor([5]))), int(index.to_flat(2, torch.tensor([1]))), 4
+    assert torch.equal(held[b5], tables[1][5]) and torch.equal(held[a4], tables[0][4])
+    assert held[c1][0] == tables[2][1, 0] - 0.01  # within the bound: the copy stays as it was
+    # a4 whole, and b5 from the one shard whose columns moved (its column 2: the second
+    # column shard when b is split)
+    assert replica.rows_sent - sent_before == 2
+    assert (replica.joined, replica.left) == (1, 0)
+    # bound 0: every row that moved at all; -1: every row
+    replica.rebuild(units, keys, features, bound=0.0)
+    assert torch.equal(dict(zip(replica.keys.tolist(), replica.values))[c1], tables[2][1])
+    before = replica.rows_sent
+    replica.rebuild(units, keys, features, bound=0.0)
+    assert replica.rows_sent == before  # nothing moved: nothing sent
+    replica.rebuild(units, keys, features, bound=-1.0)
+    # every row from every shard holding columns of it: 8 rows, b's 2 twice when b is split
+    assert replica.rows_sent - before == keys.numel() + (2 if column_split else 0)
