@@ -49,7 +49,7 @@ class Served:
     ``gather`` says where each bag's sharded part is in the sharded output; ``local`` is None.
     """
 
-    pooled: torch.Tensor  # (B, F, D) float32: each bag's sum over its replica lookups (0: none)
+    pooled: torch.Tensor  # (F, B, D) float32, the KJT's bag order: each bag's replica rows summed (0: none)
     rows: ServedRows  # the rows those lookups hit
     # (lookups,) bool, KJT value order: the lookup is a replica row. Host; None once split.
     local: Optional[torch.Tensor] = None

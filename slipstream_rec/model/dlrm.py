@@ -96,7 +96,7 @@ class DLRMTask(nn.Module):
             local = served.pooled.detach().to(embedded_sparse.dtype).requires_grad_(self.training)
             if self.training:
                 self.served = (served.rows, local)
-            embedded_sparse = rows.index_select(0, served.gather).view(-1, f, d) + local
+            embedded_sparse = rows.index_select(0, served.gather).view(-1, f, d) + local.transpose(0, 1)
         concatenated = dlrm.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
         logits = dlrm.over_arch(concatenated).squeeze(-1)
         per_sample = nn.functional.binary_cross_entropy_with_logits(

@@ -80,12 +80,12 @@ class ServedGradients:
 
     @torch.no_grad()
     def add(self, rows: ServedRows, bag_grads: torch.Tensor) -> None:
-        """Add the gradient ``bag_grads`` (B, F, D) of the replica parts of a batch's pooled
+        """Add the gradient ``bag_grads`` (F, B, D) of the replica parts of a batch's pooled
         embeddings to the rows of its served lookups ``rows`` (``served_rows``). Local; no host
         read: the step's sums go into a buffer of ``rows.keys`` rows, which the host knows."""
         if rows.inverse.numel() == 0:
             return
-        per_bag = bag_grads.detach().float().transpose(0, 1).reshape(-1, self.dim)  # feature-major
+        per_bag = bag_grads.detach().float().reshape(-1, self.dim)  # feature-major, as the bags
         per_lookup = per_bag.index_select(0, rows.bags)
         step_grads = torch.zeros(rows.keys.numel(), self.dim, device=per_bag.device)
         self._parts.append((rows.keys, step_grads.index_add_(0, rows.inverse, per_lookup)))

@@ -160,15 +160,18 @@ class StaleReplica:
         pos = torch.searchsorted(self.keys, flat).clamp_(max=self.rows - 1)
         return self.keys.index_select(0, pos.view(-1)).view(flat.shape) == flat
 
-    def pooled(self, flat: torch.Tensor, bags: torch.Tensor, num_bags: int) -> torch.Tensor:
-        """(num_bags, D): each bag's SUM of the replica rows ``flat`` that fall in it (``bags``:
-        each key's bag); 0 for a bag with none. Every key must be a replica row (``contains``)."""
+    def pooled(self, flat: torch.Tensor, per_bag: torch.Tensor) -> torch.Tensor:
+        """(bags, D): each bag's SUM of its replica rows; ``flat`` holds the bags' keys back to
+        back, ``per_bag`` how many each bag has (0: a row of zeros). Every key must be a replica
+        row (``contains``)."""
         pos = torch.searchsorted(self.keys, flat)
         assert flat.numel() == 0 or bool((self.keys[pos.clamp(max=self.rows - 1)] == flat).all()), (
             "pooled() of a key that is not in the replica"
         )
-        out = torch.zeros(num_bags, self.dim, dtype=torch.float32, device=self.device)
-        return out.index_add_(0, bags.to(self.device), self.values.index_select(0, pos.to(self.device)))
+        offsets = torch.cumsum(per_bag, 0) - per_bag
+        return torch.nn.functional.embedding_bag(
+            pos.to(self.device), self.values, offsets.to(self.device), mode="sum"
+        )
 
     # ---- checkpointing (local) ----------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

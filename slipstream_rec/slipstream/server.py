@@ -108,6 +108,11 @@ class StaleServer:
             "replica_left": self.replica.left,
             "served_fraction": plan.lookups_served / max(1, plan.lookups_split),  # lookups, this rank
             "slots_fraction": plan.slots_sent / max(1, plan.bags_split),
+            # this rank's running counts, so that any interval's shares are a difference
+            **{k: v for k, v in plan.counters().items() if k != "samples_split"},
+            "lookups_by_feature": list(plan.feature_lookups),
+            "served_by_feature": list(plan.feature_served),
+            "replica_rows_sent": self.replica.rows_sent,
         }
 
     def nbytes(self) -> int:

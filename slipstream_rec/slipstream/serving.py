@@ -39,9 +39,20 @@ from slipstream_rec.slipstream.replica import StaleReplica
 __all__ = ["ServePlan"]
 
 
+def _lookups_per_bag(lengths: torch.Tensor, marked: torch.Tensor) -> torch.Tensor:
+    """How many of each bag's lookups are ``marked`` (a per-lookup bool, KJT value order): a
+    difference of running sums at the bags' ends, int64 (no scatter)."""
+    ends = torch.cumsum(lengths, 0)
+    running = torch.zeros(marked.numel() + 1, dtype=torch.int64)
+    torch.cumsum(marked, 0, out=running[1:])
+    return running.index_select(0, ends) - running.index_select(0, ends - lengths)
+
+
 def _bag_of_lookups(lengths: torch.Tensor, total: int) -> torch.Tensor:
     """Each lookup's bag (its position in the feature-major lengths), int64."""
-    return torch.repeat_interleave(torch.arange(lengths.numel()), lengths.to(torch.int64), output_size=total)
+    if total == lengths.numel() and bool((lengths == 1).all()):  # one id per bag: the usual case
+        return torch.arange(total)
+    return torch.repeat_interleave(torch.arange(lengths.numel()), lengths, output_size=total)
 
 
 class ServePlan:
@@ -75,15 +86,12 @@ class ServePlan:
             local = self.replica.contains(flat)
             if bool(local.any()):
                 num_keys, b = len(kjt.keys()), kjt.stride()
-                lengths = kjt.lengths()
+                lengths = kjt.lengths().to(torch.int64)
+                served_per_bag = _lookups_per_bag(lengths, local)
+                needed = int((lengths > served_per_bag).view(num_keys, b).sum(1).max())
                 bag = _bag_of_lookups(lengths, flat.numel())
-                sharded_per_bag = torch.zeros(num_keys * b, dtype=torch.int64).index_add_(
-                    0, bag, (~local).to(torch.int64)
-                )
-                needed = int((sharded_per_bag > 0).view(num_keys, b).sum(1).max())
-                pooled = self.replica.pooled(flat[local], bag[local], num_keys * b)  # feature-major
                 batch.served = Served(
-                    pooled=pooled.view(num_keys, b, -1).transpose(0, 1).contiguous(),  # (B, F, D)
+                    pooled=self.replica.pooled(flat[local], served_per_bag).view(num_keys, b, -1),
                     rows=served_rows(flat[local], bag[local]),
                     local=local,
                 )
@@ -111,8 +119,7 @@ class ServePlan:
         assert served.local is not None, "split() of a batch that was not annotated"
         local = served.local
         lengths = kjt.lengths().to(torch.int64)
-        bag = _bag_of_lookups(lengths, lookups)
-        sharded_lengths = lengths - torch.zeros_like(lengths).index_add_(0, bag, local.to(torch.int64))
+        sharded_lengths = lengths - _lookups_per_bag(lengths, local)
         keep = (sharded_lengths > 0).view(num_keys, b)
         slot = torch.cumsum(keep, 1) - 1  # each kept bag's slot in its feature, sample order
         assert 1 <= sharded and int(keep.sum(1).max()) <= sharded <= max(b, 1), (sharded, b)

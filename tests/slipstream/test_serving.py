@@ -124,8 +124,8 @@ def test_replica_rows_membership_and_pooled_parts(column_split):
     flat = index.flat_keys(kjt)
     assert replica.contains(flat).tolist() == expected
     local = torch.tensor(expected)
-    bags = torch.repeat_interleave(torch.arange(kjt.lengths().numel()), kjt.lengths().long())
-    pooled = replica.pooled(flat[local], bags[local], kjt.lengths().numel())  # feature-major bags
+    per_bag = torch.tensor([sum(_in_replica(f, row) for row in s[f]) for f in range(len(FEATURES)) for s in SAMPLES])
+    pooled = replica.pooled(flat[local], per_bag)  # the bags in the KJT's order: feature-major
     reference, _ = _reference_parts(SAMPLES, tables)
     torch.testing.assert_close(pooled.view(len(FEATURES), len(SAMPLES), DIM).transpose(0, 1), reference)
 
@@ -159,7 +159,7 @@ def test_split_serves_every_replica_lookup_and_packs_the_rest_per_feature():
     assert out.sparse_features.lengths().view(3, slots).tolist() == lengths
     values = [row for f in range(len(FEATURES)) for i in kept[f] for row in sharded[f][i]]
     assert out.sparse_features.values().tolist() == values
-    torch.testing.assert_close(out.served.pooled, local)
+    torch.testing.assert_close(out.served.pooled, local.transpose(0, 1))  # (F, B, D): the KJT's bag order
     # Exactness on the host: the sharded output (each slot's bag pooled from the full tables)
     # gathered back and added to the replica part is every bag's full pooled embedding.
     out_rows = torch.zeros(slots, len(FEATURES), DIM)
@@ -168,7 +168,8 @@ def test_split_serves_every_replica_lookup_and_packs_the_rest_per_feature():
             for row in sharded[f][i]:
                 out_rows[slot, f] += tables[f][row]
     padded = torch.cat([out_rows.view(-1, DIM), torch.zeros(1, DIM)])
-    rebuilt = padded.index_select(0, out.served.gather).view(len(SAMPLES), len(FEATURES), DIM) + out.served.pooled
+    rebuilt = padded.index_select(0, out.served.gather).view(len(SAMPLES), len(FEATURES), DIM)
+    rebuilt = rebuilt + out.served.pooled.transpose(0, 1)
     torch.testing.assert_close(rebuilt, _reference_pooled(SAMPLES, tables))
     n_local = sum(_in_replica(f, row) for s in SAMPLES for f in range(len(FEATURES)) for row in s[f])
     assert plan.lookups_served == n_local == 16  # 3 + 4 + 2 + 5 + 2
@@ -191,7 +192,7 @@ def test_one_process_lockstep_sends_exactly_the_needed_slots():
     replica, _, _ = _replica()
     plan = ServePlan(replica)
     out = next(lockstep(iter([_batch(SAMPLES)]), plan=plan))
-    assert out.sharded_size == 1 and out.served.pooled.shape == (len(SAMPLES), 3, DIM)
+    assert out.sharded_size == 1 and out.served.pooled.shape == (3, len(SAMPLES), DIM)
 
 
 def test_served_gradients_sum_per_row_over_every_occurrence():
@@ -202,7 +203,7 @@ def test_served_gradients_sum_per_row_over_every_occurrence():
     local = torch.tensor([_in_replica(f, row) for f in range(len(FEATURES)) for s in SAMPLES for row in s[f]])
     bags = torch.repeat_interleave(torch.arange(kjt.lengths().numel()), kjt.lengths().long())
     g = torch.Generator().manual_seed(5)
-    bag_grads = [torch.randn(len(SAMPLES), len(FEATURES), DIM, generator=g) for _ in range(2)]
+    bag_grads = [torch.randn(len(FEATURES), len(SAMPLES), DIM, generator=g) for _ in range(2)]  # (F, B, D)
     for bg in bag_grads:  # two steps
         grads.add(served_rows(flat[local], bags[local]), bg)
     expected = {}
@@ -212,7 +213,7 @@ def test_served_gradients_sum_per_row_over_every_occurrence():
                 for row in s[f]:
                     if _in_replica(f, row):  # only the served lookups owe their rows a gradient
                         key = int(index.offsets[f]) + row
-                        expected[key] = expected.get(key, torch.zeros(DIM)) + bg[i, f]
+                        expected[key] = expected.get(key, torch.zeros(DIM)) + bg[f, i]
     assert grads.keys.tolist() == sorted(expected)
     torch.testing.assert_close(grads.grads, torch.stack([expected[k] for k in sorted(expected)]))
 

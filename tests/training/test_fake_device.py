@@ -71,7 +71,7 @@ def _served_batch(server: StaleServer) -> Batch:
 def test_a_served_batch_leaves_the_data_side_with_host_tensors_only_and_pins(strict_pinning):
     server = _server_on(META)
     batch = _served_batch(server)
-    assert batch.served is not None and batch.served.pooled.shape[0] == len(SAMPLES)  # every bag's part
+    assert batch.served is not None and batch.served.pooled.shape[1] == len(SAMPLES)  # every bag's part
     pinned = batch.pin_memory()  # what Trainer._timed does on CUDA, every batch
     moved = pinned.to(META, non_blocking=True)  # the pipeline's copy to the device
     assert moved.served.pooled.is_meta and moved.served.gather.is_meta
