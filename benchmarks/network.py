@@ -164,16 +164,18 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
     if job.golden:
         lines = [ln for log in logs for ln in log.read_text().splitlines() if ln.startswith('{"runner"')]
         res = json.loads(lines[-1])
-        samples, program = res["samples"], None
+        samples, program, off_rank = res["samples"], None, None
     else:
         res = json.loads((run_dir / "summary.json").read_text())
         samples, program = res["samples_trained"], res["a2a_bytes_per_sample"]
+        off_rank = res.get("off_rank_bytes_per_sample")
     return {
         "job": job.name, "seed": seed, "wall_seconds": round(wall, 1),
         "train_seconds": res["train_seconds"], "samples_trained": samples,
         "samples_per_second": samples / res["train_seconds"], "test_auc": res.get("test_auc"),
         "wire_bytes_per_node": tx, "wire_bytes_per_sample": sum(tx) / samples if samples else None,
         "program_bytes_per_sample": program,
+        "program_off_rank_bytes_per_sample": off_rank,
         "qcomms": res.get("qcomms"), "ddp_comm_hook": res.get("ddp_comm_hook"),
         "sharding_types": sorted(set(res["sharding_plan"].values())) if isinstance(res.get("sharding_plan"), dict)
         else res.get("sharding"),
@@ -196,12 +198,18 @@ def summarize(runs: List[Dict[str, Any]], jobs: List[str], rates: List[str], pai
             paired = [m["test_auc"] - ref[m["seed"]]["test_auc"] for m in mine
                       if m["seed"] in ref and m["test_auc"] is not None and ref[m["seed"]]["test_auc"] is not None]
             prog = [m["program_bytes_per_sample"]["total"] for m in mine if m["program_bytes_per_sample"]]
+            off = [m["program_off_rank_bytes_per_sample"] for m in mine if m.get("program_off_rank_bytes_per_sample")]
             table.append({
                 "job": job, "rate": rate, "seeds": len(mine),
                 "train_seconds": statistics.mean(m["train_seconds"] for m in mine),
                 "samples_per_second": statistics.mean(m["samples_per_second"] for m in mine),
                 "wire_bytes_per_sample": statistics.mean(m["wire_bytes_per_sample"] for m in mine),
                 "program_bytes_per_sample": statistics.mean(prog) if prog else None,
+                # what leaves the ranks by the program's count, by kind (means over seeds), and the
+                # wire less the dense and data-parallel all-reduces' estimate: the embedding side
+                "program_off_rank_bytes_per_sample": {k: statistics.mean(o[k] for o in off) for k in off[0]} if off else None,
+                "wire_minus_dense_bytes_per_sample": statistics.mean(m["wire_bytes_per_sample"] for m in mine)
+                - statistics.mean(o["dense"] + o["data_parallel"] for o in off) if off else None,
                 "test_auc": statistics.mean(m["test_auc"] for m in mine if m["test_auc"] is not None)
                 if any(m["test_auc"] is not None for m in mine) else None,
                 f"paired_auc_vs_{pair_with}": statistics.mean(paired) if paired and job != pair_with else None,
@@ -251,21 +259,27 @@ def figure(summary: Dict[str, Any], rates: List[str], path: Path) -> None:
 
 def print_table(summary: Dict[str, Any], pair_with: str) -> None:
     key = f"paired_auc_vs_{pair_with}"
-    print(f"{'job':<16} {'rate':<8} {'train s':>8} {'samples/s':>10} {'wire B/s.':>10} {'program B/s.':>12} {'test AUC':>9} "
-          f"{'paired':>8}")  # fmt: skip
+    print(f"{'job':<16} {'rate':<8} {'train s':>8} {'samples/s':>10} {'wire B/s.':>10} {'program B/s.':>12} "
+          f"{'off-rank B/s.':>13} {'wire-dense':>10} {'test AUC':>9} {'paired':>8}")  # fmt: skip
     for row in summary["table"]:
-        prog = row["program_bytes_per_sample"]
+        prog, off = row["program_bytes_per_sample"], row.get("program_off_rank_bytes_per_sample")
+        emb = row.get("wire_minus_dense_bytes_per_sample")
+        off_total = None if off is None else off["total"]
         auc, paired = row["test_auc"], row[key]
         print(f"{row['job']:<16} {row['rate']:<8} {row['train_seconds']:>8.1f} {row['samples_per_second']:>10.0f} "
               f"{row['wire_bytes_per_sample']:>10.0f} {'' if prog is None else f'{prog:.0f}':>12} "
+              f"{'' if off_total is None else f'{off_total:.0f}':>13} "
+              f"{'' if emb is None else f'{emb:.0f}':>10} "
               f"{'' if auc is None else f'{auc:.4f}':>9} {'' if paired is None else f'{paired:+.4f}':>8}")  # fmt: skip
     for rate, s in summary["communication_share"]["by_rate"].items():
         print(f"{pair_with}'s communication share at {rate}: {s:.1%} (1 - unshaped time / shaped time)")
     print("wire B/sample: every byte the nodes' interfaces sent (setup, evaluation and TCP/IP headers included) "
           "over trained samples; program B/sample: summary.json's count, every rank's sends including the share "
-          "a rank sends itself, training collectives only. Where they differ: a rank's share to itself never "
-          "reaches the wire (half of a 2-rank all-to-all), gloo's ring all-reduce sends about 2(W-1)/W of its "
-          "buffer, and the wire also carries evaluation, setup, Slipstream's tracking and TCP/IP headers")
+          "a rank sends itself, training collectives only; off-rank B/sample: the same less each rank's share to "
+          "itself (summary.json off_rank_bytes_per_sample: a 2-rank all-to-all keeps half, gloo's ring all-reduce "
+          "sends 2(W-1)/W of its buffer); wire-dense: the wire less the off-rank dense and data-parallel "
+          "all-reduces, the embedding side on the wire. The wire also carries evaluation, setup, Slipstream's "
+          "tracking and TCP/IP headers")
 
 
 def _raise_on(signum: int, _frame: Any) -> None:

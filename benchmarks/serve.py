@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.slipstream_policies import run_policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRA = ["served_fraction", "a2a_bytes_per_sample", "samples_per_second", "replica", "rows_updated_per_step",
+EXTRA = ["served_fraction", "slots_fraction", "a2a_bytes_per_sample", "samples_per_second", "replica", "rows_updated_per_step",
          "time_breakdown_rank0"]  # fmt: skip
 
 
@@ -58,6 +58,9 @@ def paired(runs: Dict[str, List[Dict]], label: str) -> Dict:
     d_auc = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, off)]
     bytes_ratio = [a["a2a_bytes_per_sample"]["total"] / b["a2a_bytes_per_sample"]["total"] for a, b in zip(mine, off)]
     speed = [a["samples_per_second"] / b["samples_per_second"] for a, b in zip(mine, off)]
+    # embedding traffic: the all-to-alls plus what serving adds (pushes, replica syncs)
+    emb = lambda x: sum(x["a2a_bytes_per_sample"].get(k, 0) for k in ("embedding", "push", "replica"))  # noqa: E731
+    emb_ratio = [emb(a) / emb(b) for a, b in zip(mine, off)]
     out = {
         "seeds": len(mine),
         "served_fraction": statistics.mean(x["served_fraction"] for x in mine),
@@ -65,6 +68,8 @@ def paired(runs: Dict[str, List[Dict]], label: str) -> Dict:
             k: statistics.mean(x["a2a_bytes_per_sample"][k] for x in mine) for k in ("input", "output", "gradient", "total")
         },
         "bytes_vs_off": statistics.mean(bytes_ratio),
+        "embedding_bytes_vs_off": statistics.mean(emb_ratio),
+        "slots_fraction": statistics.mean(x.get("slots_fraction") or 1.0 for x in mine),
         "samples_per_second_vs_off": statistics.mean(speed),
         "samples_per_second_vs_off_per_seed": speed,
         "paired_test_auc": statistics.mean(d_auc),
@@ -102,11 +107,13 @@ def main() -> None:
                   f"test AUC {res['test_auc']:.4f}", flush=True)
     table = {label: paired(runs, label) for label in settings}
     print(f"\n{args.name}: {args.seeds} seeds, {args.nproc} ranks, overrides {args.overrides}")
-    print("setting | served | bytes/sample (in/out/grad) | bytes vs off | samples/s vs off | paired test AUC (per seed)")
+    print("setting | served | slots | bytes/sample (in/out/grad) | bytes vs off | embedding+push+replica vs off | "
+          "samples/s vs off | paired test AUC (per seed)")
     for label, row in table.items():
         b = row["bytes_per_sample"]
-        print(f"{label} | {row['served_fraction']:.3f} | {b['total']:.0f} ({b['input']:.0f}/{b['output']:.0f}/"
-              f"{b['gradient']:.0f}) | {row['bytes_vs_off']:.3f} | {row['samples_per_second_vs_off']:.3f} | "
+        print(f"{label} | {row['served_fraction']:.3f} | {row['slots_fraction']:.3f} | {b['total']:.0f} ({b['input']:.0f}/"
+              f"{b['output']:.0f}/{b['gradient']:.0f}) | {row['bytes_vs_off']:.3f} | {row['embedding_bytes_vs_off']:.3f} | "
+              f"{row['samples_per_second_vs_off']:.3f} | "
               f"{row['paired_test_auc']:+.4f} ({', '.join(f'{d:+.4f}' for d in row['paired_test_auc_per_seed'])})"
               f"{'' if row['samples_trained_equal_off'] else ' samples_trained differs from off'}")
     out = ROOT / "benchmarks" / "results" / f"serve_{args.name}.json"

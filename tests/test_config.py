@@ -160,6 +160,7 @@ def test_serve_is_refused_with_the_base_pipeline_before_anything_runs():
     assert "trainer.pipeline=base" in str(e.value) and "Fix: trainer.pipeline=sparse_dist" in str(e.value)
     for bad, key in [("slipstream.alpha=0.9", "slipstream.alpha"), ("slipstream.keep_probability=0.3", "slipstream.keep_probability"),
                      ("slipstream.replica_sync_steps=7", "slipstream.replica_sync_steps"),
+                     ("slipstream.replica_sync_bound=-0.5", "slipstream.replica_sync_bound"),
                      ("slipstream.hot_refresh_steps=30", "slipstream.hot_refresh_steps")]:
         with pytest.raises(ConfigError) as e:
             load_config(["slipstream=serve", bad])

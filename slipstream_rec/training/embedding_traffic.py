@@ -16,6 +16,9 @@ sample, for every policy, so ``off``, ``skip`` and ``serve`` compare directly.
 - ``embedding``: input + output + gradient (what ``total`` was before the other kinds were
   counted); ``total``: every kind.
 
+Each count includes a rank's share to itself; ``off_rank_bytes_per_sample`` has the same kinds
+less that share (``off_rank_factors``), what a network between the ranks carries.
+
 Not counted: the small collectives of setup, of Slipstream's tracking (hot set, threshold,
 snapshots' agreement), of the downsampling guard, of evaluation and of checkpoints.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, MutableMapping
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from slipstream_rec.distributed import all_reduce_
@@ -62,6 +66,22 @@ def local_a2a_bytes(model: nn.Module, controller: Any = None) -> Dict[str, int]:
     if server is not None:
         totals["replica"] += int(server.replica.sync_bytes)
     return totals
+
+
+def off_rank_factors(world: int) -> Dict[str, float]:
+    """What share of the bytes counted for each kind leaves the rank (what a network carries),
+    for ``world`` ranks with equal batches: the embedding all-to-alls and reduce-scatters keep
+    1/W on the rank (exact for the pooled embeddings and gradients; for the ids, the share of a
+    rank's ids that its own shards hold, taken as 1/W); an all-reduce (gloo's ring) sends
+    2(W-1)/W of its buffer; the replica's all-gather sends a rank's slice to each of the W-1
+    others; the push counts only what it sends to other ranks already."""
+    if world <= 1:
+        return {k: 0.0 for k in A2A_KINDS}
+    a2a, ring = (world - 1) / world, 2 * (world - 1) / world
+    return {
+        "input": a2a, "output": a2a, "gradient": a2a, "push": 1.0, "replica": float(world - 1),
+        "control": ring, "dense": ring, "data_parallel": ring,
+    }  # fmt: skip
 
 
 def per_sample(totals: Dict[str, float], samples: float) -> Dict[str, float]:
@@ -107,8 +127,13 @@ def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained
     served, lookups_served, lookups, slots, bags, rows_per_step = total[n : n + 6]
     seen, hit = total[n + 6 : n + 6 + features], total[n + 6 + features :]
     sync = sums["replica"]
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    factors = off_rank_factors(world)
     return {
         "a2a_bytes_per_sample": per_sample(sums, samples_trained),
+        # the same counts less what stays on each rank: what the network carries (estimated
+        # per kind, off_rank_factors), to set beside the bytes a NIC counts
+        "off_rank_bytes_per_sample": per_sample({k: v * factors[k] for k, v in sums.items()}, samples_trained),
         "served_fraction": lookups_served / lookups if lookups else 0.0,
         "samples_served": int(served),
         "lookups_served": int(lookups_served),
