@@ -155,15 +155,17 @@ class ServePlan:
         return out
 
     def _count_features(self, kjt: Any, served: Optional[Served]) -> None:
-        per_key = kjt.length_per_key()
+        per_key = kjt.length_per_key()  # host lists: the KJTs of the data side carry them
         if not self.feature_lookups:
             self.feature_lookups = [0] * len(per_key)
             self.feature_served = [0] * len(per_key)
-        for f, n in enumerate(per_key):
-            self.feature_lookups[f] += int(n)
+        self.feature_lookups = [a + int(n) for a, n in zip(self.feature_lookups, per_key)]
         if served is not None and served.local is not None:
-            for f, part in enumerate(torch.split(served.local, per_key)):
-                self.feature_served[f] += int(part.sum())
+            bounds = torch.tensor(kjt.offset_per_key(), dtype=torch.int64)
+            running = torch.zeros(served.local.numel() + 1, dtype=torch.int64)
+            torch.cumsum(served.local, 0, out=running[1:])
+            hits = (running.index_select(0, bounds[1:]) - running.index_select(0, bounds[:-1])).tolist()
+            self.feature_served = [a + n for a, n in zip(self.feature_served, hits)]
 
     def counters(self) -> Dict[str, int]:
         return {
