@@ -150,6 +150,13 @@ def test_serve_trains_every_sample_and_sends_fewer_embedding_bytes(runs):
     for kind in ("output", "gradient"):
         assert mine[kind] == pytest.approx(base[kind] * s["slots_fraction"], rel=0.002), kind
     assert mine["input"] < base["input"]
+    # what leaves each of the 2 ranks: half of each all-to-all, the ring all-reduce's buffer once,
+    # the pushes as counted (only what went to the other rank), the replica's slice once
+    off_rank = s["off_rank_bytes_per_sample"]
+    for kind in ("input", "output", "gradient"):
+        assert off_rank[kind] == pytest.approx(mine[kind] / 2, abs=0.002), kind
+    for kind in ("push", "replica", "dense"):
+        assert off_rank[kind] == pytest.approx(mine[kind], abs=0.002), kind
     # the embedding all-to-alls plus the pushes (what "total" meant before every kind was counted)
     assert mine["embedding"] + mine["push"] < base["embedding"]
     # the replica's rebuilds are counted too, and in the total; off has neither
