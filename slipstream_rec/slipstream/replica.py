@@ -155,19 +155,26 @@ class StaleReplica:
     # ---- serving (local) --------------------------------------------------------------------
     def contains(self, flat: torch.Tensor) -> torch.Tensor:
         """(n,) bool: which of the flat keys ``flat`` (host) are replica rows."""
+        return self.locate(flat)[1]
+
+    def locate(self, flat: torch.Tensor) -> Any:
+        """(positions, found): each flat key's row in the replica (meaningful where found) and
+        whether it is a replica row. Host."""
         if not self.rows:
-            return torch.zeros(flat.shape, dtype=torch.bool)
+            return torch.zeros(flat.shape, dtype=torch.int64), torch.zeros(flat.shape, dtype=torch.bool)
         pos = torch.searchsorted(self.keys, flat).clamp_(max=self.rows - 1)
-        return self.keys.index_select(0, pos.view(-1)).view(flat.shape) == flat
+        return pos, self.keys.index_select(0, pos.view(-1)).view(flat.shape) == flat
 
     def pooled(self, flat: torch.Tensor, per_bag: torch.Tensor) -> torch.Tensor:
         """(bags, D): each bag's SUM of its replica rows; ``flat`` holds the bags' keys back to
         back, ``per_bag`` how many each bag has (0: a row of zeros). Every key must be a replica
         row (``contains``)."""
-        pos = torch.searchsorted(self.keys, flat)
-        assert flat.numel() == 0 or bool((self.keys[pos.clamp(max=self.rows - 1)] == flat).all()), (
-            "pooled() of a key that is not in the replica"
-        )
+        pos, found = self.locate(flat)
+        assert bool(found.all()), "pooled() of a key that is not in the replica"
+        return self.pooled_at(pos, per_bag)
+
+    def pooled_at(self, pos: torch.Tensor, per_bag: torch.Tensor) -> torch.Tensor:
+        """``pooled`` of the replica rows at positions ``pos`` (``locate``)."""
         offsets = torch.cumsum(per_bag, 0) - per_bag
         return torch.nn.functional.embedding_bag(
             pos.to(self.device), self.values, offsets.to(self.device), mode="sum"

@@ -32,8 +32,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from slipstream_rec.data.types import Batch, Served, host_kjt
-from slipstream_rec.slipstream.push import served_rows
+from slipstream_rec.data.types import Batch, Served, ServedRows, host_kjt
 from slipstream_rec.slipstream.replica import StaleReplica
 
 __all__ = ["ServePlan"]
@@ -53,6 +52,16 @@ def _bag_of_lookups(lengths: torch.Tensor, total: int) -> torch.Tensor:
     if total == lengths.numel() and bool((lengths == 1).all()):  # one id per bag: the usual case
         return torch.arange(total)
     return torch.repeat_interleave(torch.arange(lengths.numel()), lengths, output_size=total)
+
+
+def _rows_at(pos: torch.Tensor, bags: torch.Tensor, keys: torch.Tensor) -> ServedRows:
+    """``push.served_rows`` of the replica rows at positions ``pos``: counted into the replica's
+    rows (a bincount, not the sort a ``unique`` of the keys would take)."""
+    counts = torch.bincount(pos, minlength=keys.numel())
+    hit = counts > 0
+    present = hit.nonzero().view(-1)
+    inverse = (torch.cumsum(hit, 0) - 1).index_select(0, pos)
+    return ServedRows(keys.index_select(0, present), counts.index_select(0, present), inverse, bags)
 
 
 class ServePlan:
@@ -83,16 +92,17 @@ class ServePlan:
         kjt = batch.sparse_features
         if self.replica is not None and self.replica.rows and kjt.values().numel():
             flat = self.replica.index.flat_keys(kjt)
-            local = self.replica.contains(flat)
+            pos, local = self.replica.locate(flat)
             if bool(local.any()):
                 num_keys, b = len(kjt.keys()), kjt.stride()
                 lengths = kjt.lengths().to(torch.int64)
                 served_per_bag = _lookups_per_bag(lengths, local)
                 needed = int((lengths > served_per_bag).view(num_keys, b).sum(1).max())
                 bag = _bag_of_lookups(lengths, flat.numel())
+                at = pos[local]
                 batch.served = Served(
-                    pooled=self.replica.pooled(flat[local], served_per_bag).view(num_keys, b, -1),
-                    rows=served_rows(flat[local], bag[local]),
+                    pooled=self.replica.pooled_at(at, served_per_bag).view(num_keys, b, -1),
+                    rows=_rows_at(at, bag[local], self.replica.keys),
                     local=local,
                 )
         self.seconds += time.perf_counter() - t0
