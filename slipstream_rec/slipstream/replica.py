@@ -6,19 +6,22 @@ the input all-to-all, and a bag all of whose lookups are served sends no pooled 
 receives no gradient through the output all-to-all, while the dense network still trains on it.
 
 Consistency (bounded staleness): the replica is rebuilt from the shards at every snapshot, when
-the tracker has just agreed on the stale set on every rank, and copied again every
-``replica_sync_steps``. In between the shards keep training those rows, from the inputs that do
-go through them and from the served inputs' gradients (pushed to them on every sync step,
-``push.py``); the replica does not follow, so a served lookup reads a row at most
-``replica_sync_steps`` steps old, whose change over the last snapshot interval was below the
-threshold T. A row that starts to move again (its change at a snapshot reaches T) is not stale at
-that snapshot and so leaves the replica at the rebuild.
+the tracker has just agreed on the stale set on every rank, and brought up to date every
+``replica_sync_steps``. Every lookup of a replica row is served on every rank, so in between its
+shard changes only through the pushes of the served lookups' gradients (``push.py``), which
+run right before each sync; a sync then sends only the rows that moved past
+``replica_sync_bound`` (``rebuild``). A served lookup reads a row at most ``replica_sync_steps``
+steps old, which differs from its shard by at most the bound plus the pushes since the last
+sync, and whose change over the last snapshot interval was below the threshold T. A row that
+starts to move again (its change at a snapshot reaches T) is not stale at that snapshot and so
+leaves the replica at the rebuild.
 
-Where it lives: on the host. The data side reads it (membership, and the served samples' pooled
-embeddings, computed when a batch is annotated), so a batch leaves the data side with host
-tensors only and the pipeline pins and copies it with the rest of the batch. A rebuild gathers
-the rows where the shards are (the main backend: device tensors under nccl) and copies them to
-the host once: the one host wait of a sync step.
+Where it lives: on the host. The data side reads it (membership, and each bag's replica part,
+computed when a batch is annotated), so a batch leaves the data side with host
+tensors only and the pipeline pins and copies it with the rest of the batch. A rebuild copies
+the shards' rows of the replica to the host to compare them with the copy (a host wait), sends
+the rows that moved through the main backend (device tensors under nccl) and copies what it
+received to the host (a second host wait): the two host waits of a sync step.
 
 Rows are full rows (every column): column-wise shards of a row are assembled from every rank that
 holds one; data-parallel tables are copied locally (every rank holds the same weights). Pooling is

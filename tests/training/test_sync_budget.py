@@ -28,8 +28,10 @@ FIRST = 100  # steady state: after the hot set is chosen (step 40) and two snaps
 OURS_PER_KIND = {
     "log": 1,  # float(loss) for the log line (every trainer.log_every_steps)
     "guard": 1,  # the downsampling guard's window, read after its all-reduce (every 100 steps)
-    # serve's push and replica copy: the push's sizes come from host keys, so only the replica's
-    # one copy of the gathered rows to the host remains (the data side reads it there)
+    # serve's push and replica sync: the push's sizes come from host keys; the sync reads the
+    # shards' replica rows on the host to compare them with the copy (1, what the audit counts
+    # here). On a GPU the received rows' copy to the host is a second wait, which the CPU audit
+    # cannot see (the gathered tensor is already on the host under gloo): docs/scale.md.
     "sync": 1,
     # the tracker's copies of the hot rows' ids and changes to the host (3, for all shards at
     # once); paper_plus's quality check: the scored sample's logits to the host (1) and its
