@@ -32,12 +32,16 @@ from slipstream_rec.slipstream.sharded import ShardUnit
 __all__ = ["RowOwners", "ServedGradients", "served_rows", "unit_cuts"]
 
 
-def served_rows(flat: torch.Tensor, bags: torch.Tensor) -> ServedRows:
-    """The rows of the served lookups, keyed on the host: distinct flat keys, their lookup
-    counts, each lookup's key position and its bag (``bags``, feature-major: the layout of
-    the pooled embeddings' gradient, transposed). Local."""
-    keys, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
-    return ServedRows(keys, counts, inverse, bags)
+def served_rows(pos: torch.Tensor, bags: torch.Tensor, keys: torch.Tensor) -> ServedRows:
+    """The rows of the served lookups, keyed on the host: ``pos`` is each lookup's row in the
+    replica's sorted flat ``keys``, ``bags`` its bag (feature-major: the layout of the pooled
+    embeddings' gradient). Counted into the replica's rows (a bincount, not the sort a
+    ``unique`` of the keys would take). Local."""
+    counts = torch.bincount(pos, minlength=keys.numel())
+    hit = counts > 0
+    present = hit.nonzero().view(-1)
+    inverse = (torch.cumsum(hit, 0) - 1).index_select(0, pos)
+    return ServedRows(keys.index_select(0, present), counts.index_select(0, present), inverse, bags)
 
 
 class RowOwners:

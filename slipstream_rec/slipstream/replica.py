@@ -108,7 +108,7 @@ class StaleReplica:
                 current.append(unit.weights.index_select(0, (keys[lo:hi] - first).to(unit.weights.device)).float().reshape(-1))
                 spans.append([lo, hi, unit.col_offset, unit.cols, int(unit.replicated)])
         home = units[0].weights.device if units else torch.device("cpu")  # where the shards are
-        flat_rows = torch.cat(current).cpu() if current else torch.zeros(0)  # the one copy to the host
+        flat_rows = torch.cat(current).cpu() if current else torch.zeros(0)  # to the host, in one copy
         descriptors: List[int] = []  # (column, width, rows) per slice this rank sends
         positions: List[torch.Tensor] = []
         send: List[torch.Tensor] = []
@@ -138,8 +138,8 @@ class StaleReplica:
         self.rows_sent += int(where.numel())
         # All ranks: the descriptors and positions (host), then the values (main backend).
         all_desc, counts = gather_varlen(mine, with_lengths=True)
-        all_where = gather_varlen(where)
         per_rank = all_desc.view(-1, 3).split([c // 3 for c in counts])
+        all_where = gather_varlen(where, lengths=[int(d[:, 2].sum()) for d in per_rank])  # sized by them
         widths = [int((d[:, 1] * d[:, 2]).sum()) for d in per_rank]
         received = gather_varlen(sent, lengths=widths, bulk=True).cpu()
         at_pos = at_val = 0

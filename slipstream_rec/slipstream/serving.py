@@ -32,7 +32,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from slipstream_rec.data.types import Batch, Served, ServedRows, host_kjt
+from slipstream_rec.data.types import Batch, Served, host_kjt
+from slipstream_rec.slipstream.push import served_rows
 from slipstream_rec.slipstream.replica import StaleReplica
 
 __all__ = ["ServePlan"]
@@ -52,16 +53,6 @@ def _bag_of_lookups(lengths: torch.Tensor, total: int) -> torch.Tensor:
     if total == lengths.numel() and bool((lengths == 1).all()):  # one id per bag: the usual case
         return torch.arange(total)
     return torch.repeat_interleave(torch.arange(lengths.numel()), lengths, output_size=total)
-
-
-def _rows_at(pos: torch.Tensor, bags: torch.Tensor, keys: torch.Tensor) -> ServedRows:
-    """``push.served_rows`` of the replica rows at positions ``pos``: counted into the replica's
-    rows (a bincount, not the sort a ``unique`` of the keys would take)."""
-    counts = torch.bincount(pos, minlength=keys.numel())
-    hit = counts > 0
-    present = hit.nonzero().view(-1)
-    inverse = (torch.cumsum(hit, 0) - 1).index_select(0, pos)
-    return ServedRows(keys.index_select(0, present), counts.index_select(0, present), inverse, bags)
 
 
 class ServePlan:
@@ -102,7 +93,7 @@ class ServePlan:
                 at = pos[local]
                 batch.served = Served(
                     pooled=self.replica.pooled_at(at, served_per_bag).view(num_keys, b, -1),
-                    rows=_rows_at(at, bag[local], self.replica.keys),
+                    rows=served_rows(at, bag[local], self.replica.keys),
                     local=local,
                 )
         self.seconds += time.perf_counter() - t0

@@ -204,8 +204,10 @@ def test_served_gradients_sum_per_row_over_every_occurrence():
     bags = torch.repeat_interleave(torch.arange(kjt.lengths().numel()), kjt.lengths().long())
     g = torch.Generator().manual_seed(5)
     bag_grads = [torch.randn(len(FEATURES), len(SAMPLES), DIM, generator=g) for _ in range(2)]  # (F, B, D)
+    replica, _, _ = _replica()
+    pos = torch.searchsorted(replica.keys, flat[local])  # each served lookup's replica row
     for bg in bag_grads:  # two steps
-        grads.add(served_rows(flat[local], bags[local]), bg)
+        grads.add(served_rows(pos, bags[local], replica.keys), bg)
     expected = {}
     for bg in bag_grads:
         for i, s in enumerate(SAMPLES):
