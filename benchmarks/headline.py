@@ -9,7 +9,13 @@ noise hits all alike:
 * ``off``: this trainer with ``slipstream=off trainer.precision=fp32``: stock TorchRec training
   through our loop, the quality baseline;
 * ``defaults``: the main job as a user gets it (no override but the data and the seed):
-  ``slipstream=serve``, ``trainer.precision=auto``, ``negative_downsampling=auto``.
+  ``slipstream=serve``, ``trainer.precision=auto``, ``negative_downsampling=auto``, with serving
+  and bf16 each kept only where the run measures them faster (``serve_when=auto``, the
+  precision probe);
+* ``serve_always`` (asked for by ``--arms``): the defaults with ``slipstream.serve_when=always``,
+  serving whatever it costs (the main job before the serve lever);
+* ``off_auto`` (asked for by ``--arms``): ``slipstream=off`` with the other defaults (precision
+  auto, downsampling auto): every lever but Slipstream.
 
 Printed and written to ``benchmarks/results/headline.json``: per run train seconds (evaluations
 excluded, timed the same way in both loops), samples trained per second, test AUC and log loss,
@@ -36,8 +42,12 @@ from benchmarks.baseline_throughput import run_golden as golden_loop  # noqa: E4
 from benchmarks.slipstream_policies import run_policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = {"golden": None, "off": ["slipstream=off", "trainer.precision=fp32"], "defaults": []}
-EXTRA = ["samples_per_second", "test_ctr", "test_predicted_ctr", "precision", "negative_downsampling", "served_fraction", "dataset"]
+ARMS = {
+    "golden": None, "off": ["slipstream=off", "trainer.precision=fp32"], "defaults": [],
+    "serve_always": ["slipstream.serve_when=always"], "off_auto": ["slipstream=off", "slipstream.negative_downsampling=auto"],
+}  # fmt: skip
+EXTRA = ["samples_per_second", "test_ctr", "test_predicted_ctr", "precision", "negative_downsampling", "served_fraction",
+         "dataset", "serve_lever", "time_breakdown_rank0"]  # fmt: skip
 # The targets: speedup over golden (train seconds) per dataset, and the quality bounds.
 SPEEDUP_TARGET = {"clicklog_raw": 3.0, "clicklog": 1.3}
 MIN_PAIRED_AUC, MIN_SEED_AUC, CALIBRATION = -0.001, -0.002, 0.05

@@ -1,6 +1,7 @@
-"""The report's section on the levers beside Slipstream: the precision chosen, negative
-downsampling's rule and guard decisions (``slipstream.negative_downsampling``), and calibration
-on test (mean predicted click rate against the observed one)."""
+"""The report's section on the levers: the precision chosen (and its timing), whether serving paid
+(``slipstream.serve_when=auto``'s decisions), negative downsampling's rule and guard decisions
+(``slipstream.negative_downsampling``), and calibration on test (mean predicted click rate
+against the observed one)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from slipstream_rec.report.runs import Run
 
 RUN_HEADER = ["run", "precision", "why", "downsampling", "final rate", "non-clicks dropped",
               "test CTR", "test predicted CTR", "predicted / observed"]  # fmt: skip
+SERVE_HEADER = ["run", "step", "from", "to", "serving ms/step", "standing down ms/step", "reason"]
 GUARD_HEADER = ["run", "step", "decision", "rate before", "rate after", "non-click share",
                 "added noise", "max noise", "observed CTR", "predicted CTR", "reason"]  # fmt: skip
 
@@ -26,6 +28,16 @@ def run_rows(runs: Sequence[Run]) -> List[List[Any]]:
             run.label, prec.get("chosen"), prec.get("reason"), down.get("setting"), down.get("rate"),
             down.get("negatives_dropped"), ctr, pred, pred / ctr if ctr and pred is not None else None,
         ])  # fmt: skip
+    return rows
+
+
+def serve_rows(runs: Sequence[Run]) -> List[List[Any]]:
+    """Every decision of the serve lever, per run (summary.json ``serve_lever``)."""
+    rows = []
+    for run in runs:
+        for d in (run.get("serve_lever") or {}).get("decisions") or []:
+            rows.append([run.label, d.get("step"), d.get("from"), d.get("to"), d.get("serving_ms_per_step"),
+                         d.get("standing_down_ms_per_step"), d.get("reason")])  # fmt: skip
     return rows
 
 

@@ -196,6 +196,13 @@ def build(runs: List[Run]) -> Dict[str, Any]:
         body = _table(downsampling.RUN_HEADER,
                       [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], spec[1:])] for r in rows_d],
                       left=4, table_id="levers-table")
+        served = downsampling.serve_rows(runs)
+        if served:
+            sspec = ["", "int", "", "", ".2f", ".2f", ""]
+            body += "<p>Whether serving paid (slipstream.serve_when=auto), every decision:</p>" + _table(
+                downsampling.SERVE_HEADER,
+                [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], sspec[1:])] for r in served],
+                left=4, table_id="serve-lever-table")
         guard = downsampling.guard_rows(runs)
         if guard:
             gspec = ["", "int", "", ".2f", ".2f", ".4f", ".4f", ".4f", ".4f", ".4f", ""]
@@ -204,8 +211,10 @@ def build(runs: List[Run]) -> Dict[str, Any]:
                 [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], gspec[1:])] for r in guard],
                 left=3, table_id="guard-table")
         sections.append(_section(
-            "levers", "Precision, negative downsampling and calibration",
-            "trainer.precision as chosen (auto reads the machine); slipstream.negative_downsampling: the rule's rate "
+            "levers", "Precision, serving, negative downsampling and calibration",
+            "trainer.precision as chosen (auto reads the machine, then times fp32 against bf16 on the run's first "
+            "steps); serving's decisions (a window timed with serving against one without, Slipstream's own work "
+            "included); slipstream.negative_downsampling: the rule's rate "
             "from the click rate of the first look-ahead, then the guard's checks on held-out samples (added noise = "
             "rate / (1 - rate) x the non-clicks' share of the logit-gradient variance; above max noise it backs off). "
             "Predicted / observed: the mean predicted click rate on test over the observed one (1 = calibrated).", body))

@@ -42,6 +42,18 @@ class Action(Enum):
     serve = "serve"
 
 
+class ServeWhen(Enum):
+    """Whether ``serve`` serves wherever rows are stale, or only where it measures faster."""
+
+    # Serve whenever rows are stale, whatever it costs: no decision depends on a clock, so two
+    # runs with the same seed (and a run and its resume) train identically.
+    always = "always"
+    # Time steps with and without serving in the run and serve only while it pays; where it does
+    # not, Slipstream stands down (no serving, counting or snapshots) and looks again rarely
+    # (slipstream/serve_lever.py). Decisions follow measured time, so runs may differ.
+    auto = "auto"
+
+
 class ChangeMetric(Enum):
     linf = "linf"  # largest absolute change of any element of the row (the paper's)
     rel_l2 = "rel_l2"  # L2 norm of the row's change / L2 norm of the row
@@ -94,6 +106,20 @@ class SlipstreamConfig:
     # a served row then differs from its shard by at most this plus the pushes since the last
     # sync; -1: every row every sync (a full copy).
     replica_sync_bound: float = 0.0
+    # --- does serving pay? (serve only; slipstream/serve_lever.py)
+    # always: serve wherever rows are stale; auto: measure in the run whether a step with
+    # serving is faster than one without (a window each, then re-checked) and serve only while
+    # it is; where it is not, stand down (nothing served, counted or snapshotted) and look again
+    # every serve_recheck_windows windows.
+    serve_when: ServeWhen = ServeWhen.always
+    # auto: steps per timed window (rounded up to a multiple of snapshot_interval).
+    serve_window_steps: int = 50
+    # auto: serving stays on only where a step with it takes at most (1 - this) of a step
+    # without it (without: less the tracking, which standing down removes too).
+    serve_min_gain: float = 0.02
+    # auto: windows between two re-checks (serving: one window without it; stood down: tracking
+    # resumes to look again).
+    serve_recheck_windows: int = 8
     # Re-decide staleness at every snapshot, so a stale row that moves again is re-activated.
     # false: a row found stale stays stale for the rest of training (the paper).
     reactivate: bool = True
@@ -199,6 +225,14 @@ class SlipstreamConfig:
                 "replica_sync_bound",
                 self.replica_sync_bound >= 0 or self.replica_sync_bound == -1,
                 "0 or more (-1: a full copy at every sync)",
+            ),
+            ("serve_window_steps", self.serve_window_steps >= 1, "a positive step count"),
+            ("serve_min_gain", -1 < self.serve_min_gain < 1, "a fraction in (-1, 1) (0.02: 2% faster)"),
+            ("serve_recheck_windows", self.serve_recheck_windows >= 1, "at least 1 window"),
+            (
+                "serve_when",
+                self.serve_when is ServeWhen.always or self.action is Action.serve,
+                "always, or auto with slipstream=serve (slipstream.action=serve): it decides whether serving pays",
             ),
             ("target_skip_fraction", 0 <= self.target_skip_fraction <= 1, "a fraction in [0, 1]"),
             ("max_threshold", self.max_threshold >= 0, "0 or more"),

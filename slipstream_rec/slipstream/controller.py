@@ -13,7 +13,10 @@ done (``after_step``). The controller:
 4. classifies each raw batch when the pipeline pulls it, before its input all-to-all, drops the
    skippable samples (with the safeguards) and refills batches to a constant size;
 5. keeps all ranks in lock-step: all ranks agree whether each has a batch, every step or, with
-   ``trainer.lockstep_every_steps`` = k, every k steps from the k batches each rank built ahead.
+   ``trainer.lockstep_every_steps`` = k, every k steps from the k batches each rank built ahead;
+6. with ``serve_when=auto``, times windows of steps with and without serving and stands the
+   whole method down where serving does not pay (``serve_lever.py``): no serving, no counting,
+   no snapshots, until it looks again.
 
 With policy ``off`` none of the tracking happens and every sample is kept; with ``random`` (the
 control) nothing is tracked either and the decider skips a uniform random fraction. The stream,
@@ -25,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -38,8 +41,9 @@ from slipstream_rec.slipstream.classify import (
     skippable_by_threshold,
     threshold_for_target,
 )
-from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
+from slipstream_rec.slipstream.config import Policy, ServeWhen, SlipstreamConfig
 from slipstream_rec.slipstream.downsampling import NegativeDownsampler
+from slipstream_rec.slipstream.serve_lever import SETTLE_STEPS, LeverState, ServeLever, window_steps
 from slipstream_rec.slipstream.server import StaleServer
 from slipstream_rec.slipstream.serving import ServePlan
 from slipstream_rec.slipstream.lockstep import lockstep
@@ -108,6 +112,15 @@ class SlipstreamController:
         # serve: the replica of the stale rows and what serving owes (collective: all ranks).
         self.server = StaleServer(self.tracker, self.index, cfg.replica_sync_bound) if cfg.serves else None
         self.plan = self.server.plan if self.server is not None else ServePlan()
+        # serve_when=auto: whether serving pays, from timed windows (serve_lever.py); the clock
+        # (training seconds so far, the device's queue drained) is set by the trainer.
+        self.lever = ServeLever(
+            auto=cfg.serves and cfg.serve_when is ServeWhen.auto, min_gain=cfg.serve_min_gain,
+            recheck_windows=cfg.serve_recheck_windows,
+            window=window_steps(cfg.serve_window_steps, cfg.snapshot_interval),
+        )  # fmt: skip
+        self.clock: Optional[Callable[[], float]] = None
+        self._mark: Optional[Tuple[int, float, float]] = None  # (step, clock, tracking seconds)
         self._count_every = max(1, round(1.0 / cfg.count_fraction))
         self.decider = SkipDecider(
             self.index,
@@ -137,7 +150,7 @@ class SlipstreamController:
         self.hot_selection: Optional[Dict[str, Any]] = None
         self.hot_turnover: List[Dict[str, int]] = []  # one entry per later choice of the hot set
         self.seconds = {
-            "count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0, "quality": 0.0,
+            "count": 0.0, "classify": 0.0, "snapshot": 0.0, "sync": 0.0, "quality": 0.0, "lever": 0.0,
         }  # fmt: skip
         self.quality = (
             QualityGovernor(
@@ -248,7 +261,16 @@ class SlipstreamController:
         collective that pushes the served samples' row gradients before ``after_step``
         snapshots or copies the rows)."""
         if self.server is not None:
-            self.server.after_backward(task, self._sync_step(self.step + 1))  # the step trained
+            self.server.after_backward(task, self._push_step(self.step + 1))  # the step trained
+
+    def _push_step(self, step: int) -> bool:
+        """serve: a sync step whose served gradients are pushed. Stood down, only in the first
+        window after standing down, which trains the last batches split while serving (the
+        pipeline's and the lock-step's batches ahead); nothing is served after them."""
+        lever = self.lever
+        if not self._sync_step(step):
+            return False
+        return lever.tracks or step <= lever.entered + lever.window
 
     def _counts_step(self, step: int) -> bool:
         window = step <= self.cfg.count_steps or self.cfg.hot_refresh_steps > 0
@@ -264,10 +286,11 @@ class SlipstreamController:
         """What step ``step`` runs besides training: counting, a snapshot, a serve sync, the
         downsampling guard (the sync audit's classes of steps, training/sync_audit.py)."""
         kinds = []
-        if self.tracker is not None:
+        if self.tracker is not None and self.lever.tracks:
             kinds += ["count"] if self._counts_step(step) else []
             kinds += ["snapshot"] if self._snapshot_step(step) else []
-            kinds += ["sync"] if self.server is not None and self._sync_step(step) else []
+        kinds += ["sync"] if self.server is not None and self._push_step(step) else []
+        kinds += ["lever"] if self._lever_boundary(step) or self._lever_mark_step(step) else []
         kinds += ["guard"] if self.downsampler.is_guard_step(step) else []
         return kinds
 
@@ -291,11 +314,17 @@ class SlipstreamController:
         self.step = step
         if self.tracker is None:
             return None
+        record = self._track(step) if self.lever.tracks else None
+        self._lever_step(step)  # all ranks: the same steps
+        return record
+
+    def _track(self, step: int) -> Optional[Dict[str, Any]]:
+        """Counting, snapshots, the threshold and the replica on their steps (collectives)."""
         cfg = self.cfg
         self.tracker.set_counting(self._counts_step(step + 1))
         since = step - cfg.count_steps
         snapshot = self._snapshot_step(step)
-        if self.server is not None and self._sync_step(step) and not snapshot:
+        if self.server is not None and self._sync_step(step) and not snapshot and self.lever.serves:
             # All ranks: the rows the push just moved, copied again from the shards.
             t0 = time.perf_counter()
             self.server.rebuild(self.server.replica.keys)
@@ -333,13 +362,12 @@ class SlipstreamController:
             if not cfg.reactivate and self.threshold is not None:
                 stale = self.row_state.stale_keys(self.threshold)
                 self._frozen_keys = torch.unique(torch.cat([self._frozen_keys, stale]))
-        if self.server is not None:
+        if self.server is not None and self.lever.serves:
             # All ranks (the stale set is the same on every rank): the replica follows it, so a
             # row that moved again (change >= T) leaves it here. Before the first threshold, or
-            # in the warm-up, nothing is stale and the replica stays empty.
-            active = self._active_threshold()
-            stale = self.row_state.stale_keys(active) if active is not None else torch.zeros(0, dtype=torch.int64)
-            self.server.rebuild(stale)
+            # in the warm-up, nothing is stale and the replica stays empty. Not while the lever
+            # times a window without serving: nothing is served from the replica then.
+            self.server.rebuild(self._stale_now())
         t3 = time.perf_counter()
         quality_s = decision["seconds"] if decision else 0.0
         self.seconds["sync"] += (t1 - t0) + (t3 - t2) - quality_s
@@ -352,6 +380,70 @@ class SlipstreamController:
         if self.hot_turnover and self.hot_turnover[-1]["step"] == step:
             record["hot_turnover"] = self.hot_turnover[-1]
         return record
+
+    def _stale_now(self) -> torch.Tensor:
+        """The flat keys stale under the active threshold (none before it)."""
+        active = self._active_threshold()
+        return self.row_state.stale_keys(active) if active is not None else torch.zeros(0, dtype=torch.int64)
+
+    # ---- does serving pay? (serve_when=auto; collectives on shared step numbers) -------------
+    def _lever_boundary(self, step: int) -> bool:
+        return self.lever.auto and self._every(step, self.lever.window)
+
+    def _lever_mark_step(self, step: int) -> bool:
+        since = step - self.cfg.count_steps
+        return self.lever.auto and since >= 0 and since % self.lever.window == SETTLE_STEPS
+
+    def _tracking_seconds(self) -> float:
+        """This rank's seconds of Slipstream's own work so far (what standing down removes)."""
+        return self.overhead_seconds() - self.seconds["classify"]
+
+    def _lever_step(self, step: int) -> None:
+        """Time the lever's window and, at its end, let the lever decide and apply its state.
+        Collective at window ends of a timed window (one MAX all-reduce: all ranks, the same
+        steps) and wherever the state changes (the replica's rebuild, a re-basing snapshot)."""
+        lever = self.lever
+        if self._lever_mark_step(step) and lever.timed:
+            assert self.clock is not None, "serve_when=auto needs the trainer's clock"
+            self._mark = (step, self.clock(), self._tracking_seconds())
+        if not self._lever_boundary(step):
+            return
+        t0 = time.perf_counter()
+        self._lever_window_end(step)
+        self.seconds["lever"] += time.perf_counter() - t0
+
+    def _lever_window_end(self, step: int) -> None:
+        lever = self.lever
+        measured = None
+        if lever.timed:
+            per_step = -1.0  # not measured here (a run resumed inside the window)
+            if self._mark is not None:
+                s0, c0, k0 = self._mark
+                elapsed = self.clock() - c0
+                if not lever.serves:  # the step Slipstream would leave: less its own work
+                    elapsed -= self._tracking_seconds() - k0
+                per_step = elapsed / max(1, step - s0)
+            t = all_reduce_(torch.tensor([per_step], dtype=torch.float64), dist.ReduceOp.MAX)  # all ranks
+            self._agreed(t.numel() * t.element_size())
+            measured = float(t.item()) if float(t.item()) >= 0 else None
+        self._mark = None
+        before = lever.state
+        after = lever.window_end(step, measured, ready=self.server.replica.rows > 0)
+        if after is None:
+            return
+        # All ranks take the same transition at the same step.
+        self.plan.paused = not after.serves
+        if after is LeverState.down:
+            self.server.rebuild(torch.zeros(0, dtype=torch.int64))  # the replica emptied
+        elif before is LeverState.down:
+            # Looking again: the snapshots left off when standing down, so this one re-bases
+            # the hot rows' changes and the next snapshot measures them over one interval.
+            self.tracker.snapshot()
+        elif after.serves and not before.serves:
+            self.server.rebuild(self._stale_now())  # the rows that moved while not serving
+        self.tracker.set_counting(lever.tracks and self._counts_step(step + 1))
+        if self.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
+            logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])
 
     def _choose_threshold(self) -> Optional[Dict[str, Any]]:
         """T from upcoming inputs of every rank (collective: one gather of per-sample values);
@@ -437,6 +529,7 @@ class SlipstreamController:
             "quality": self.quality.state_dict() if self.quality is not None else None,
             "tracker": self.tracker.state_dict() if self.tracker is not None else None,
             "server": self.server.state_dict() if self.server is not None else None,
+            "lever": self.lever.state_dict(),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> bool:
@@ -492,13 +585,16 @@ class SlipstreamController:
             )
         if self.server is not None:
             self.server.load_state_dict(state["server"])
+        if "lever" in state:  # older checkpoints: the lever starts waiting
+            self.lever.load_state_dict(state["lever"])
+            self.plan.paused = not self.lever.serves
         exact = True
         if self.tracker is not None:
             exact = self.tracker.load_state_dict(state["tracker"])
             if len(state["count_seconds"]) == len(self.tracker.modules):
                 for m, v in zip(self.tracker.modules, state["count_seconds"]):
                     m.count_seconds = float(v)
-            self.tracker.set_counting(self._counts_step(self.step + 1))
+            self.tracker.set_counting(self.lever.tracks and self._counts_step(self.step + 1))
         return exact
 
     def eval_logit_offset(self) -> float:
@@ -577,6 +673,7 @@ class SlipstreamController:
             **{f"{k}_seconds": v for k, v in self.seconds.items() if k != "count"},
             "serve_seconds": self.plan.seconds,
             "push_seconds": self.server.push_seconds if self.server is not None else 0.0,
+            "serve_lever": self.lever.state.value if self.lever.auto else None,
         }
         if self.server is not None:
             record.update(self.server.record())

@@ -82,6 +82,12 @@ class ServedGradients:
         self.pushes = 0  # pushes that moved at least one row (same count on every rank)
         self.rows_pushed = 0  # rows this rank pushed, all pushes
 
+    @property
+    def pending(self) -> int:
+        """Row sums held and not pushed yet (a row may count once per step it was served in); 0:
+        every served gradient so far has reached its shard. Host sizes only."""
+        return int(self._keys.numel()) + sum(int(k.numel()) for k, _ in self._parts)
+
     @torch.no_grad()
     def add(self, rows: ServedRows, bag_grads: torch.Tensor) -> None:
         """Add the gradient ``bag_grads`` (F, B, D) of the replica parts of a batch's pooled

@@ -113,6 +113,7 @@ class StaleServer:
             "lookups_by_feature": list(plan.feature_lookups),
             "served_by_feature": list(plan.feature_served),
             "replica_rows_sent": self.replica.rows_sent,
+            "served_sums_unpushed": self.grads.pending,  # this rank's, since the last push
         }
 
     def nbytes(self) -> int:

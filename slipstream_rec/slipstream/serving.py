@@ -60,6 +60,9 @@ class ServePlan:
 
     def __init__(self, replica: Optional[StaleReplica] = None) -> None:
         self.replica = replica  # None: nothing is ever served
+        # Nothing is served while set (the serve lever times a window without serving, or has
+        # stood serving down; serve_lever.py): the split is then the identity, as without a replica.
+        self.paused = False
         self.seconds = 0.0  # host time in annotate + split (the "local serving" share of a step)
         self.samples_served = 0  # samples all of whose lookups (at least one) were served
         self.lookups_served = 0  # lookups answered from the replica
@@ -81,7 +84,7 @@ class ServePlan:
         batch.served = None
         needed = batch.batch_size
         kjt = batch.sparse_features
-        if self.replica is not None and self.replica.rows and kjt.values().numel():
+        if self.replica is not None and not self.paused and self.replica.rows and kjt.values().numel():
             flat = self.replica.index.flat_keys(kjt)
             pos, local = self.replica.locate(flat)
             if bool(local.any()):

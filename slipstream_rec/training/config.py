@@ -71,6 +71,12 @@ class TrainerConfig:
     # auto (bf16 where the machine runs it natively, else fp32; the summary says which and why),
     # fp32, or bf16 (autocast of the training forward's dense arch; needs pipeline=sparse_dist).
     precision: Precision = Precision.auto
+    # auto, where the machine has fast bf16: steps timed per candidate (fp32, bf16), taking turns
+    # early in the run, to keep bf16 only where it measures faster (training/precision.py); 0:
+    # decide from the machine alone (no clock: reproducible).
+    precision_probe_steps: int = 16
+    # auto: bf16 is kept only where its median step takes at most (1 - this) of fp32's.
+    precision_min_gain: float = 0.05
     # Batches between two agreements of the ranks that each still has a batch (Slipstream skips
     # different numbers of samples per rank, so they run out at different steps). 1: one small
     # all-reduce every step; k > 1: one every k steps, each rank building its next k batches
@@ -107,6 +113,8 @@ class TrainerConfig:
             ("collective_timeout_s", self.collective_timeout_s > 0, "positive seconds"),
             ("lockstep_every_steps", self.lockstep_every_steps >= 1, "1 (every step) or more steps"),
             ("profile_steps", self.profile_steps >= 0, "0 (off) or a number of steps"),
+            ("precision_probe_steps", self.precision_probe_steps >= 0, "0 (no timing) or a number of steps"),
+            ("precision_min_gain", -1 < self.precision_min_gain < 1, "a fraction in (-1, 1) (0.05: 5% faster)"),
             (
                 "precision",
                 self.precision is not Precision.bf16 or self.pipeline is PipelineKind.sparse_dist,

@@ -24,7 +24,7 @@ from slipstream_rec.slipstream.batch_ops import batch_from_state, batch_to_state
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.config import PipelineKind, Precision, TrainerConfig
-from slipstream_rec.training.precision import resolve_precision
+from slipstream_rec.training.precision import PROBE_START, PrecisionProbe, resolve_precision
 from slipstream_rec.training.embedding_cache import embedding_cache_summary
 from slipstream_rec.training.embedding_traffic import (
     embedding_traffic_summary,
@@ -82,15 +82,17 @@ class TimedTrainPipelineSparseDist(TrainPipelineSparseDist):
         # serve pushes the served samples' gradients there: SlipstreamController.after_backward).
         self.after_backward: Optional[Callable[[], None]] = None
         self.seconds: Dict[str, float] = {stage: 0.0 for stage in PIPELINE_STAGES}
+        # Read at every training forward: trainer.precision=auto's probe switches it (precision.py).
+        self.autocast_dtype = autocast_dtype
         model_fwd = self._model_fwd
         device_type = self._device.type
 
         def timed_forward(batch: Any) -> Any:
             start = time.perf_counter()
-            if autocast_dtype is None:
+            if self.autocast_dtype is None:
                 out = model_fwd(batch)
             else:
-                with torch.autocast(device_type, dtype=autocast_dtype):
+                with torch.autocast(device_type, dtype=self.autocast_dtype):
                     out = model_fwd(batch)
             self.seconds["forward"] += time.perf_counter() - start
             return out
@@ -222,6 +224,9 @@ class Trainer:
         # all ranks: one agreement on the precision (auto reads each rank's machine)
         self.precision, self.precision_reason = resolve_precision(cfg.precision, env.device, cfg.pipeline)
         self.pipeline = make_pipeline(cfg.pipeline, model, optimizer, env.device, self.precision)
+        # auto with fast bf16 everywhere: timed on this run's first steps before it is kept
+        probing = cfg.precision is Precision.auto and self.precision is Precision.bf16 and cfg.precision_probe_steps
+        self.precision_probe = PrecisionProbe(cfg.precision_probe_steps, cfg.precision_min_gain) if probing else None
         self._epoch_start: Optional[float] = None  # perf_counter at the start of the running epoch
         self._paused_before = 0.0  # eval + checkpoint seconds at that moment
         self._in_flight: Optional[InFlight] = None  # the running epoch's iterator
@@ -232,6 +237,7 @@ class Trainer:
         self._reattach_step = -1  # the step after an evaluation or a quality check's scoring
         self.faults = FaultInjector.from_env(env.rank)
         slipstream.scorer = self.score
+        slipstream.clock = self._drained_train_seconds
         # trainer.sync_audit: count the ops of each step that would wait for a GPU (sync_audit.py)
         self.audit: Optional[SyncAudit] = None
         if cfg.sync_audit:
@@ -274,6 +280,8 @@ class Trainer:
         kinds = self.slipstream.step_kinds(step)
         if step == self._reattach_step:  # TorchRec's pipeline re-attaches after a detach
             kinds.append("reattach")
+        if self.precision_probe is not None and self.precision_probe.candidate(step) is not None:
+            kinds.append("probe")  # the precision probe's steps end with a host wait on a GPU
         if step % c.log_every_steps == 0:
             kinds.append("log")
         if c.checkpoint.enabled and c.checkpoint.every_minutes and step % c.checkpoint.check_every_steps == 0:
@@ -322,6 +330,13 @@ class Trainer:
             if batch is None:
                 return
             yield batch
+
+    def _drained_train_seconds(self) -> float:
+        """Training seconds so far with the device's queued work finished: the clock of the serve
+        lever's windows (a host wait on a GPU, twice per window; never inside a plain step)."""
+        if self.env.device.type == "cuda":
+            torch.cuda.synchronize(self.env.device)
+        return self._live_train_seconds()
 
     def _live_train_seconds(self) -> float:
         """Training seconds so far, including the running epoch (evaluations excluded)."""
@@ -385,10 +400,16 @@ class Trainer:
             window_start, window_step = self._epoch_start, st.step
             while True:
                 self.profiler.before_step(st.step + 1)
+                probe = self.precision_probe
+                if probe is not None:
+                    self.pipeline.autocast_dtype = probe.dtype(st.step + 1)
+                step_start = time.perf_counter()
                 try:
                     loss, logits, labels, _weights = self.pipeline.progress(batches)
                 except StopIteration:
                     break
+                if probe is not None and probe.chosen is None:
+                    self._probe_precision(probe, st.step + 1, step_start)
                 batches.trained_one()
                 self.scheduler.step()
                 st.step += 1
@@ -398,6 +419,8 @@ class Trainer:
                 record = self.slipstream.after_step(st.step)  # all ranks: may run collectives
                 if record is not None:
                     self.log.log("slipstream", st.step, record)
+                for decision in self.slipstream.lever.take_new():  # serve_when=auto's decisions
+                    self.log.log("lever", st.step, decision)
                 guard = self.slipstream.downsampling_check(st.step)  # all ranks, the same steps
                 if guard is not None:
                     self.log.log("downsampling", st.step, guard)
@@ -437,6 +460,19 @@ class Trainer:
                 torch.cuda.synchronize(self.env.device)  # count the queued kernels too
             st.train_seconds = self._live_train_seconds()
             self._epoch_start = None
+
+    def _probe_precision(self, probe: PrecisionProbe, step: int, start: float) -> None:
+        """Time step ``step`` for the precision probe; at its last step, decide (collective:
+        all ranks, the same step)."""
+        if probe.candidate(step) is not None:
+            if self.env.device.type == "cuda":
+                torch.cuda.synchronize(self.env.device)  # probe steps only: the kernels' time too
+            probe.observe(step, time.perf_counter() - start)
+        if step == probe.last_step:
+            self.precision, self.precision_reason = probe.agree_and_decide()  # all ranks
+            if self.env.is_rank0:
+                logger.info("trainer: precision %s", self.precision_reason)
+            self.log.log("precision", step, {"chosen": self.precision.value, **probe.record})
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _checkpoint_due(self, step: int) -> bool:
@@ -491,6 +527,8 @@ class Trainer:
             "slipstream": self.slipstream.state_dict(),
             "position": position,
             "traffic": traffic_state(self.model),
+            "precision_probe": self.precision_probe.state_dict() if self.precision_probe else None,
+            "precision": [self.precision.value, self.precision_reason],
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> Dict[str, Any]:
@@ -507,6 +545,10 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         restore_rng(state["rng"])
         tracking_exact = self.slipstream.load_state_dict(state["slipstream"])
+        if self.precision_probe is not None and state.get("precision_probe") is not None:
+            self.precision_probe.load_state_dict(state["precision_probe"])
+            if self.precision_probe.chosen is not None:  # decided before the interruption
+                self.precision, self.precision_reason = Precision(state["precision"][0]), state["precision"][1]
         load_traffic_state(self.model, state.get("traffic", []))
         pos = state["position"]
         same_data = (
@@ -548,6 +590,12 @@ class Trainer:
             val = self._evaluate("val", self.val_loader)
         test = self._evaluate("test", self.test_loader) if self.test_loader is not None else None
         st = self.state
+        probe = self.precision_probe
+        if probe is not None and probe.chosen is None and st.step > PROBE_START:
+            self.precision_reason += (
+                f" (its timing did not finish: the run ended before step {probe.last_step}, and steps "
+                f"{PROBE_START + 1}-{st.step} took turns in fp32 and bf16)"
+            )  # fmt: skip
         counters = self.slipstream.global_counters()  # all ranks
         st.samples_seen = counters["samples_seen"]
         overhead = all_reduce_(  # all ranks: the slowest rank's cost
@@ -589,8 +637,12 @@ class Trainer:
             "stale_rows": slip["stale_rows"],
             "threshold": slip["threshold"],
             "eval_logit_offset": self.slipstream.eval_logit_offset(),
-            "precision": {"requested": self.cfg.precision.value, "chosen": self.precision.value, "reason": self.precision_reason},
+            "precision": {
+                "requested": self.cfg.precision.value, "chosen": self.precision.value, "reason": self.precision_reason,
+                **({"probe": self.precision_probe.record} if self.precision_probe and self.precision_probe.record else {}),
+            },  # fmt: skip
             "negative_downsampling": self.slipstream.downsampling_summary(),  # all ranks
+            "serve_lever": self.slipstream.lever.summary(),
             "slipstream_overhead_seconds": round(float(overhead.item()), 3),
             "slipstream_state_bytes": int(state_bytes.item()),
             "embedding_cache": cache,

@@ -45,3 +45,18 @@ def test_the_html_shows_the_section_only_for_runs_that_record_it():
     html = build([auto])["html"]
     assert 'id="levers-table"' in html and "auto: fp32, no flags" in html and 'id="guard-table"' not in html
     assert 'id="levers-table"' not in build([_run("older", {"test_auc": 0.7}, [])])["html"]
+
+
+def test_the_serve_levers_decisions_are_listed_per_run():
+    down = {"step": 250, "from": "probe_off", "to": "down", "serving_ms_per_step": 39.4,
+            "standing_down_ms_per_step": 31.7, "reason": "serving 39.4 ms per step against 31.7 ms without"}
+    auto = _run("serve", {
+        "precision": {"requested": "auto", "chosen": "bf16", "reason": "auto: bf16, timed"},
+        "serve_lever": {"serve_when": "auto", "state": "down", "decisions": [down]},
+    }, [])
+    always = _run("always", {"precision": {"chosen": "fp32"}, "serve_lever": {"serve_when": "always", "decisions": []}}, [])
+    assert downsampling.serve_rows([auto, always]) == [
+        ["serve", 250, "probe_off", "down", 39.4, 31.7, "serving 39.4 ms per step against 31.7 ms without"]]
+    html = build([auto, always])["html"]
+    assert 'id="serve-lever-table"' in html and "31.70" in html
+    assert 'id="serve-lever-table"' not in build([always])["html"]

@@ -110,3 +110,67 @@ def test_ranks_on_different_machines_agree_on_the_lowest(tmp_path):
     (p0, why0), (p1, why1) = run_workers(_ranks_disagree, 2, paths=paths)
     assert p0 is p1 is Precision.fp32
     assert "another rank" in why0 and "neither" in why1
+
+
+# ---- trainer.precision=auto with fast bf16: timed on the run's own steps ---------------------
+def test_the_probe_takes_turns_after_its_start_and_ends_at_its_last_step():
+    from slipstream_rec.training.precision import PROBE_BLOCK, PROBE_START, PrecisionProbe
+
+    probe = PrecisionProbe(steps=8, min_gain=0.05)
+    turns = [probe.candidate(step) for step in range(1, probe.last_step + 3)]
+    assert probe.last_step == PROBE_START + 16
+    assert turns[:PROBE_START] == [None] * PROBE_START and turns[-2:] == [None, None]
+    timed = turns[PROBE_START:probe.last_step]
+    assert timed.count("fp32") == timed.count("bf16") == 8
+    assert timed[:2 * PROBE_BLOCK] == ["fp32"] * PROBE_BLOCK + ["bf16"] * PROBE_BLOCK  # turns of a block
+    # before and after the probe the machine's choice (bf16) runs; while probing, the turn's
+    assert probe.dtype(1) is torch.bfloat16 and probe.dtype(PROBE_START + 1) is None
+    assert probe.dtype(PROBE_START + PROBE_BLOCK + 1) is torch.bfloat16
+
+
+@pytest.mark.parametrize("fp32_ms, bf16_ms, chosen", [(100, 80, "bf16"), (100, 95, "bf16"), (100, 96, "fp32"), (100, 130, "fp32")])
+def test_bf16_stays_only_where_its_median_step_is_faster_by_the_margin(fp32_ms, bf16_ms, chosen):
+    from slipstream_rec.training.precision import PrecisionProbe
+
+    probe = PrecisionProbe(steps=4, min_gain=0.05)
+    got, why = probe.decide(fp32_ms / 1e3, bf16_ms / 1e3)
+    assert got is Precision(chosen) and probe.chosen is got
+    assert why.startswith(f"auto: {chosen}, timed on this run") and f"fp32 {fp32_ms:.1f} ms" in why
+    assert probe.record["fp32_ms_per_step"] == fp32_ms and probe.record["bf16_ms_per_step"] == bf16_ms
+    # once chosen, every later step runs in it and the probe times nothing more
+    assert probe.candidate(6) is None and probe.dtype(6) is (torch.bfloat16 if chosen == "bf16" else None)
+
+
+def _probe_agrees(env, times):
+    from slipstream_rec.training.precision import PrecisionProbe
+
+    probe = PrecisionProbe(steps=3, min_gain=0.05)
+    probe.times = times[env.rank]
+    return probe.agree_and_decide()
+
+
+def test_the_ranks_decide_on_the_slowest_ranks_medians():
+    from tests.dist_harness import run_workers
+
+    # rank 0 finds bf16 20% faster, rank 1 (the slower step) only 2%: the slowest rank's step
+    # sets the pace, and both ranks take its figures
+    times = [{"fp32": [0.10, 0.10, 0.50], "bf16": [0.08, 0.08, 0.01]},
+             {"fp32": [0.20, 0.21, 0.19], "bf16": [0.196, 0.195, 0.197]}]
+    (p0, why0), (p1, why1) = run_workers(_probe_agrees, 2, times=times)
+    assert p0 is p1 is Precision.fp32 and why0 == why1
+    assert "bf16 196.0 ms" in why0 and "fp32 200.0 ms" in why0
+
+
+def test_the_pipeline_switches_precision_between_steps():
+    """The probe sets ``autocast_dtype`` before each step; the next training forward follows."""
+    task = _Task()
+    opt = torch.optim.SGD(task.parameters(), lr=0.1)
+    pipeline = make_pipeline(PipelineKind.sparse_dist, task, opt, torch.device("cpu"), Precision.bf16)
+    batches = iter([_batch(8) for _ in range(6)])
+    seen = []
+    for dtype in (None, torch.bfloat16, None):
+        pipeline.autocast_dtype = dtype
+        task.seen.clear()
+        _, logits, _, _ = pipeline.progress(batches)
+        seen.append(logits.dtype)
+    assert seen == [torch.float32, torch.bfloat16, torch.float32]

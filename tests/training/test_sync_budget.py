@@ -41,6 +41,15 @@ OURS_PER_KIND = {
     # and the hot set's choice (every hot_refresh_steps): at most one unit each, on average
     "count": 0,
     "reattach": 0,  # the step after the pipeline was detached (evaluation, quality check)
+    # serve_when=auto's window ends and timing marks: the agreed time per step read after its
+    # all-reduce (1); where the state changes, the replica's rebuild (1, as a sync) or the
+    # snapshot that re-bases the changes when it looks again (10, as a snapshot). On a GPU its
+    # clock also drains the device queue (torch.cuda.synchronize, twice a window), which this
+    # CPU audit cannot see.
+    "lever": 11,
+    # the precision probe's steps (the first 36): none here; on a GPU each ends with a
+    # torch.cuda.synchronize, which this CPU audit cannot see
+    "probe": 0,
 }
 COUNT_MERGES_PER_STEP = 3.0  # the mean of ours over the counted steps (26 units / 16, and the choice)
 # TorchRec's own device syncs per plain step: none in the golden loop's table-wise plan; ours

@@ -1,0 +1,198 @@
+"""Whether serving pays in this run, measured rather than assumed (``slipstream.serve_when=auto``).
+
+Serving takes embedding traffic off the network and pays for it with its own work: counting
+and snapshots to find the stale rows, the replica's syncs, the pushes, the host split and the
+served part's gather in the model. Across nodes the traffic is the step's largest cost and
+serving wins; on one machine the all-to-alls are cheap and serving loses (measured: 0.66x
+``off``'s speed in bf16 on 2 CPU ranks, docs/slipstream.md). No setting knows which; a clock does.
+
+The lever measures the training time per step in windows of ``serve_window_steps`` steps (a
+multiple of ``snapshot_interval``, so that every window holds one snapshot), from window
+boundaries that every rank shares, and agrees on the slowest rank's figure (one MAX all-reduce
+per window: the step is as slow as its slowest rank):
+
+* *with serving*: the whole step, tracking included: what serving costs where it runs;
+* *without serving*: the step with nothing served and no replica sync, less the tracking work
+  measured in the same window (counting, snapshots, pushes): the step Slipstream leaves when it
+  stands down entirely.
+
+States (``LeverState``): the lever waits until the replica first holds rows, then measures a
+window serving (``probe_on``) and a window not serving (``probe_off``), and decides: serve while
+a step with serving takes at most ``1 - serve_min_gain`` of a step without. Serving is re-checked
+every ``serve_recheck_windows`` windows by one window without it. Where it does not pay,
+Slipstream stands down (``down``): nothing is served, counted or snapshotted, the replica is
+emptied, and every window's step time keeps the estimate without serving fresh; after
+``serve_recheck_windows`` windows it looks again: tracking resumes with a snapshot that re-bases
+the rows' changes (``looking``), the next snapshot finds the stale rows again, and one window
+serving decides. Each decision, its two figures and its reason is a record (``decisions``).
+
+The first ``SETTLE_STEPS`` steps of a window are not timed: the batches the pipeline prefetched
+before a switch were split under the previous state, and the switch's own replica copy lands
+there. This module is the rule on measured figures (pure, unit-tested on recorded timings);
+the controller measures, agrees and applies it (``controller.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+__all__ = ["LeverState", "ServeLever", "SETTLE_STEPS", "window_steps"]
+
+# Steps after a window boundary before its timing starts: TorchRec's TrainPipelineSparseDist
+# holds two batches ahead, split under the state before the boundary.
+SETTLE_STEPS = 2
+
+
+class LeverState(Enum):
+    waiting = "waiting"  # before the replica first holds rows: tracking runs, nothing to decide
+    probe_on = "probe_on"  # a window serving, timed
+    probe_off = "probe_off"  # a window not serving (tracking still runs, subtracted), timed
+    serving = "serving"  # decided: serve; every window timed, re-checked every recheck windows
+    down = "down"  # decided: stand down (no serving, no tracking); looks again after recheck windows
+    looking = "looking"  # tracking resumed after standing down: one window to re-base the changes
+
+    @property
+    def serves(self) -> bool:
+        """Whether batches split in this state may be served from the replica."""
+        return self in (LeverState.waiting, LeverState.probe_on, LeverState.serving, LeverState.looking)
+
+    @property
+    def tracks(self) -> bool:
+        """Whether lookups are counted and the hot rows snapshotted in this state."""
+        return self is not LeverState.down
+
+
+def window_steps(requested: int, snapshot_interval: int) -> int:
+    """The lever's window: ``requested`` steps rounded up to a multiple of the snapshot interval."""
+    return max(1, -(-requested // snapshot_interval)) * snapshot_interval
+
+
+@dataclass
+class ServeLever:
+    """The rule. ``auto`` false (``serve_when=always``): always serving, never timed."""
+
+    auto: bool = False
+    min_gain: float = 0.02  # slipstream.serve_min_gain
+    recheck_windows: int = 8  # slipstream.serve_recheck_windows
+    window: int = 50  # steps per window (window_steps)
+    state: LeverState = LeverState.waiting
+    on_s: Optional[float] = None  # seconds per step serving, latest measured window
+    off_s: Optional[float] = None  # seconds per step standing down, latest measured window
+    since: int = 0  # windows measured in the current decided state (serving, down)
+    entered: int = 0  # the step the current state began
+    decisions: List[Dict[str, Any]] = field(default_factory=list)
+    _new: List[Dict[str, Any]] = field(default_factory=list)  # not yet taken by the log
+
+    @property
+    def serves(self) -> bool:
+        return not self.auto or self.state.serves
+
+    @property
+    def tracks(self) -> bool:
+        return not self.auto or self.state.tracks
+
+    @property
+    def timed(self) -> bool:
+        """Whether the window now running is timed (its figure feeds a decision)."""
+        return self.auto and self.state is not LeverState.waiting and self.state is not LeverState.looking
+
+    def window_end(self, step: int, seconds_per_step: Optional[float], ready: bool) -> Optional[LeverState]:
+        """The window ending at ``step`` measured ``seconds_per_step`` (serving: the whole step;
+        not serving: less the tracking; None: not measured, e.g. right after a resume);
+        ``ready``: the replica holds rows for the next window. Returns the state the lever left,
+        or None where it stays. Pure: the same figures give the same states on every rank."""
+        if not self.auto:
+            return None
+        before = self.state
+        s = self.state
+        if s is LeverState.waiting:
+            if ready:
+                self.state = LeverState.probe_on
+        elif s is LeverState.looking:
+            self.state = LeverState.probe_on if ready else LeverState.down
+            if not ready:
+                self._record(step, before, "nothing stale to serve after looking again: stand down")
+        elif seconds_per_step is None:
+            return None  # an unmeasured window (resumed mid-window): measure the next one
+        elif s is LeverState.probe_on:
+            self.on_s = seconds_per_step
+            if self.off_s is None:
+                self.state = LeverState.probe_off
+            else:
+                self._decide(step, before)
+        elif s is LeverState.probe_off:
+            self.off_s = seconds_per_step
+            self._decide(step, before)
+        elif s is LeverState.serving:
+            self.on_s = seconds_per_step
+            self.since += 1
+            if self.since >= self.recheck_windows:
+                self.state = LeverState.probe_off
+        elif s is LeverState.down:
+            self.off_s = seconds_per_step
+            self.since += 1
+            if self.since >= self.recheck_windows:
+                self.state = LeverState.looking
+        if self.state is before:
+            return None
+        self.entered = step
+        return self.state
+
+    def _decide(self, step: int, before: LeverState) -> None:
+        assert self.on_s is not None and self.off_s is not None
+        pays = self.on_s <= self.off_s * (1.0 - self.min_gain)
+        faster = 1.0 - self.on_s / self.off_s if self.off_s > 0 else 0.0
+        self.state = LeverState.serving if pays else LeverState.down
+        self.since = 0
+        again = self.recheck_windows * self.window
+        verdict = (
+            f"serve, re-checked in {again} steps" if pays
+            else f"stand down (no serving, counting or snapshots), look again in {again} steps"
+        )  # fmt: skip
+        self._record(
+            step, before,
+            f"serving {1e3 * self.on_s:.1f} ms per step against {1e3 * self.off_s:.1f} ms without "
+            f"({100 * faster:+.1f}% faster, needs {100 * self.min_gain:+.1f}%): {verdict}",
+        )  # fmt: skip
+
+    def _record(self, step: int, before: LeverState, reason: str) -> None:
+        rec = {
+            "step": step,
+            "from": before.value,
+            "to": self.state.value,
+            "serving_ms_per_step": None if self.on_s is None else round(1e3 * self.on_s, 3),
+            "standing_down_ms_per_step": None if self.off_s is None else round(1e3 * self.off_s, 3),
+            "reason": reason,
+        }
+        self.decisions.append(rec)
+        self._new.append(rec)
+
+    def take_new(self) -> List[Dict[str, Any]]:
+        """The decisions taken since the last call (for the metric log)."""
+        out, self._new = self._new, []
+        return out
+
+    def summary(self) -> Dict[str, Any]:
+        return {
+            "serve_when": "auto" if self.auto else "always",
+            "state": self.state.value if self.auto else "always",
+            "window_steps": self.window,
+            "min_gain": self.min_gain,
+            "serving_ms_per_step": None if self.on_s is None else round(1e3 * self.on_s, 3),
+            "standing_down_ms_per_step": None if self.off_s is None else round(1e3 * self.off_s, 3),
+            "decisions": list(self.decisions),
+        }
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "state": self.state.value, "on_s": self.on_s, "off_s": self.off_s, "since": self.since,
+            "entered": self.entered, "decisions": list(self.decisions),
+        }  # fmt: skip
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.state = LeverState(state["state"])
+        self.on_s, self.off_s, self.since = state["on_s"], state["off_s"], int(state["since"])
+        self.entered = int(state["entered"])
+        self.decisions = list(state["decisions"])

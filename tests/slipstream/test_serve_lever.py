@@ -1,0 +1,108 @@
+"""The serve lever's rule on recorded timings (slipstream/serve_lever.py): serve only while a step
+with serving is measurably faster than one without; otherwise stand down and look again."""
+
+import pytest
+
+from slipstream_rec.slipstream.serve_lever import LeverState, ServeLever, window_steps
+
+S = LeverState
+
+
+def lever(**kw):
+    return ServeLever(auto=True, min_gain=kw.pop("min_gain", 0.02), recheck_windows=kw.pop("recheck", 3), window=50, **kw)
+
+
+def walk(lv, figures, ready=True, start=100):
+    """Feed one window end per figure; returns the states after each."""
+    states = []
+    for i, f in enumerate(figures):
+        lv.window_end(start + 50 * i, f, ready)
+        states.append(lv.state)
+    return states
+
+
+def test_waits_for_rows_to_serve_then_times_a_window_with_and_one_without():
+    lv = lever()
+    assert lv.window_end(100, None, ready=False) is None and lv.state is S.waiting and not lv.timed
+    assert lv.window_end(150, None, ready=True) is S.probe_on and lv.timed and lv.serves
+    assert lv.window_end(200, 0.030, ready=True) is S.probe_off and not lv.serves and lv.tracks
+    assert lv.window_end(250, 0.040, ready=True) is S.serving
+    rec = lv.decisions[-1]
+    assert rec["from"] == "probe_off" and rec["to"] == "serving" and rec["step"] == 250
+    assert rec["serving_ms_per_step"] == 30.0 and rec["standing_down_ms_per_step"] == 40.0
+    assert "+25.0% faster" in rec["reason"] and "serve" in rec["reason"]
+    assert lv.take_new() == [rec] and lv.take_new() == []
+
+
+def test_slower_serving_stands_everything_down_and_looks_again_after_the_recheck_windows():
+    lv = lever(recheck=3)
+    walk(lv, [None, 0.039, 0.031])  # ready, on, off
+    assert lv.state is S.down and not lv.serves and not lv.tracks
+    assert "stand down" in lv.decisions[-1]["reason"] and "-25.8% faster" in lv.decisions[-1]["reason"]
+    # every stood-down window keeps the figure without serving fresh; the third looks again
+    assert walk(lv, [0.030, 0.029, 0.028], start=300) == [S.down, S.down, S.looking]
+    assert lv.off_s == 0.028 and lv.serves and lv.tracks and not lv.timed
+    # looking: one window re-bases the changes, then one window serving decides against the
+    # freshest figure without it
+    assert lv.window_end(500, None, ready=True) is S.probe_on
+    assert lv.window_end(550, 0.0270, ready=True) is S.serving  # 0.027 <= 0.028 * 0.98
+    assert [d["to"] for d in lv.decisions] == ["down", "serving"]
+
+
+def test_the_margin_decides_at_its_edge():
+    for on, expected in [(0.979, S.serving), (0.9801, S.down), (0.5, S.serving), (1.2, S.down)]:
+        lv = lever(min_gain=0.02)
+        walk(lv, [None, on, 1.0])
+        assert lv.state is expected, on
+    # a negative gain tolerates a slower step (bytes off the wire at a cost in time)
+    lv = lever(min_gain=-0.5)
+    walk(lv, [None, 1.4, 1.0])
+    assert lv.state is S.serving
+
+
+def test_serving_is_rechecked_by_one_window_without_it():
+    lv = lever(recheck=2)
+    walk(lv, [None, 0.030, 0.040])
+    assert lv.state is S.serving
+    assert walk(lv, [0.031, 0.032], start=300) == [S.serving, S.probe_off]
+    assert lv.on_s == 0.032
+    assert lv.window_end(400, 0.031, ready=True) is S.down  # the network got faster: now it does not pay
+    assert lv.decisions[-1]["from"] == "probe_off"
+
+
+def test_an_unmeasured_window_changes_nothing():
+    lv = lever()
+    walk(lv, [None, 0.03])
+    assert lv.state is S.probe_off
+    assert lv.window_end(250, None, ready=True) is None and lv.state is S.probe_off and lv.off_s is None
+
+
+def test_looking_again_with_nothing_stale_stands_down_again():
+    lv = lever(recheck=1)
+    walk(lv, [None, 0.04, 0.03, 0.03])
+    assert lv.state is S.looking
+    assert lv.window_end(300, None, ready=False) is S.down
+    assert "nothing stale" in lv.decisions[-1]["reason"]
+
+
+def test_always_never_times_nor_changes():
+    lv = ServeLever(auto=False)
+    for f in (None, 0.01, 10.0):
+        assert lv.window_end(100, f, ready=True) is None
+    assert lv.serves and lv.tracks and not lv.timed and lv.decisions == []
+    assert lv.summary()["serve_when"] == "always"
+
+
+def test_state_round_trips():
+    lv = lever()
+    walk(lv, [None, 0.039, 0.031, 0.03])
+    again = lever()
+    again.load_state_dict(lv.state_dict())
+    assert (again.state, again.on_s, again.off_s, again.since, again.entered) == (lv.state, lv.on_s, lv.off_s, lv.since, lv.entered)
+    assert lv.entered == 200  # the window end that stood serving down
+    assert again.decisions == lv.decisions
+
+
+@pytest.mark.parametrize("requested, interval, expected", [(50, 50, 50), (50, 20, 60), (1, 50, 50), (120, 50, 150)])
+def test_windows_hold_whole_snapshot_intervals(requested, interval, expected):
+    assert window_steps(requested, interval) == expected
