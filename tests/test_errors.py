@@ -455,3 +455,20 @@ def test_a_data_path_of_raw_files_names_one_to_convert(workdir, capsys):
     assert "data.path=raw holds raw input (clicks.csv)" in line
     assert "`slipstream-data tabular --schema SCHEMA.yaml --input raw/clicks.csv --out data/clicks`" in line
     assert line.endswith("then data.path=data/clicks")
+
+
+def test_serve_when_auto_without_serving_names_the_preset_that_serves(workdir, capsys):
+    line = train_fails(capsys, "slipstream=off", "slipstream.serve_when=auto")
+    assert "slipstream.serve_when" in line and "slipstream=serve" in line
+    nothing_written(workdir)
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("slipstream.serve_window_steps=2", "at least 4 steps"),
+    ("slipstream.serve_min_gain=1.5", "(-1, 1)"),
+    ("trainer.precision_probe_steps=-1", "0 (no timing)"),
+])  # fmt: skip
+def test_the_levers_settings_are_checked_where_they_are_read(workdir, capsys, override, hint):
+    line = train_fails(capsys, override)
+    assert override.split("=")[0] in line and hint in line, line
+    nothing_written(workdir)

@@ -110,15 +110,15 @@ class SlipstreamConfig:
     # always: serve wherever rows are stale; auto: measure in the run whether a step with
     # serving is faster than one without (a window each, then re-checked) and serve only while
     # it is; where it is not, stand down (nothing served, counted or snapshotted) and look again
-    # every serve_recheck_windows windows.
+    # after serve_recheck_windows windows.
     serve_when: ServeWhen = ServeWhen.always
     # auto: steps per timed window (rounded up to a multiple of snapshot_interval).
     serve_window_steps: int = 50
     # auto: serving stays on only where a step with it takes at most (1 - this) of a step
     # without it (without: less the tracking, which standing down removes too).
     serve_min_gain: float = 0.02
-    # auto: windows between two re-checks (serving: one window without it; stood down: tracking
-    # resumes to look again).
+    # auto: windows before the first re-check of a decision (serving: one window without it;
+    # stood down: tracking resumes to look again); each re-check that confirms it doubles the wait.
     serve_recheck_windows: int = 8
     # Re-decide staleness at every snapshot, so a stale row that moves again is re-activated.
     # false: a row found stale stays stale for the rest of training (the paper).
@@ -226,7 +226,8 @@ class SlipstreamConfig:
                 self.replica_sync_bound >= 0 or self.replica_sync_bound == -1,
                 "0 or more (-1: a full copy at every sync)",
             ),
-            ("serve_window_steps", self.serve_window_steps >= 1, "a positive step count"),
+            ("serve_window_steps", self.serve_window_steps >= 4,
+             "at least 4 steps (the first 2 of a window are not timed)"),
             ("serve_min_gain", -1 < self.serve_min_gain < 1, "a fraction in (-1, 1) (0.02: 2% faster)"),
             ("serve_recheck_windows", self.serve_recheck_windows >= 1, "at least 1 window"),
             (

@@ -121,6 +121,9 @@ class SlipstreamController:
         )  # fmt: skip
         self.clock: Optional[Callable[[], float]] = None
         self._mark: Optional[Tuple[int, float, float]] = None  # (step, clock, tracking seconds)
+        # steps of a lever window not timed: the batches split ahead under the previous state
+        # (the pipeline's two, and the lock-step's k - 1 more; set by wrap)
+        self._settle = SETTLE_STEPS
         self._count_every = max(1, round(1.0 / cfg.count_fraction))
         self.decider = SkipDecider(
             self.index,
@@ -207,6 +210,7 @@ class SlipstreamController:
         ``lockstep_every``: batches between two agreements of the ranks (``lockstep``).
         """
         self._close_stream()
+        self._settle = min(SETTLE_STEPS + max(0, lockstep_every - 1), self.lever.window - 1)
         self.stream = SkippingStream(
             raw_batches, self.batch_size, decide=self._decide, lookahead_batches=self.cfg.lookahead_batches
         )
@@ -392,7 +396,7 @@ class SlipstreamController:
 
     def _lever_mark_step(self, step: int) -> bool:
         since = step - self.cfg.count_steps
-        return self.lever.auto and since >= 0 and since % self.lever.window == SETTLE_STEPS
+        return self.lever.auto and since >= 0 and since % self.lever.window == self._settle
 
     def _tracking_seconds(self) -> float:
         """This rank's seconds of Slipstream's own work so far (what standing down removes)."""

@@ -19,14 +19,18 @@ per window: the step is as slow as its slowest rank):
 States (``LeverState``): the lever waits until the replica first holds rows, then measures a
 window serving (``probe_on``) and a window not serving (``probe_off``), and decides: serve while
 a step with serving takes at most ``1 - serve_min_gain`` of a step without. Serving is re-checked
-every ``serve_recheck_windows`` windows by one window without it. Where it does not pay,
+after ``serve_recheck_windows`` windows by one window without it. Where it does not pay,
 Slipstream stands down (``down``): nothing is served, counted or snapshotted, the replica is
 emptied, and every window's step time keeps the estimate without serving fresh; after
 ``serve_recheck_windows`` windows it looks again: tracking resumes with a snapshot that re-bases
 the rows' changes (``looking``), the next snapshot finds the stale rows again, and one window
-serving decides. Each decision, its two figures and its reason is a record (``decisions``).
+serving decides. A re-check costs a window in the losing state, so each one that confirms the
+decision doubles the windows until the next (``span``); one that reverses it starts again from
+``serve_recheck_windows``. Each decision, its two figures and its reason is a record
+(``decisions``).
 
-The first ``SETTLE_STEPS`` steps of a window are not timed: the batches the pipeline prefetched
+The first ``SETTLE_STEPS`` steps of a window (plus ``trainer.lockstep_every_steps`` - 1, whose
+batches are split that much further ahead) are not timed: the batches the pipeline prefetched
 before a switch were split under the previous state, and the switch's own replica copy lands
 there. This module is the rule on measured figures (pure, unit-tested on recorded timings);
 the controller measures, agrees and applies it (``controller.py``).
@@ -81,6 +85,7 @@ class ServeLever:
     on_s: Optional[float] = None  # seconds per step serving, latest measured window
     off_s: Optional[float] = None  # seconds per step standing down, latest measured window
     since: int = 0  # windows measured in the current decided state (serving, down)
+    span: int = 0  # windows of the decided state before its next re-check (0: recheck_windows)
     entered: int = 0  # the step the current state began
     decisions: List[Dict[str, Any]] = field(default_factory=list)
     _new: List[Dict[str, Any]] = field(default_factory=list)  # not yet taken by the log
@@ -112,8 +117,10 @@ class ServeLever:
                 self.state = LeverState.probe_on
         elif s is LeverState.looking:
             self.state = LeverState.probe_on if ready else LeverState.down
-            if not ready:
-                self._record(step, before, "nothing stale to serve after looking again: stand down")
+            if not ready:  # stood down again: the next look waits twice as long
+                self.span = 2 * (self.span or self.recheck_windows)
+                self._record(step, before, f"nothing stale to serve after looking again: stand down for "
+                                           f"{self.span * self.window} steps")  # fmt: skip
         elif seconds_per_step is None:
             return None  # an unmeasured window (resumed mid-window): measure the next one
         elif s is LeverState.probe_on:
@@ -128,16 +135,16 @@ class ServeLever:
         elif s is LeverState.serving:
             self.on_s = seconds_per_step
             self.since += 1
-            if self.since >= self.recheck_windows:
+            if self.since >= (self.span or self.recheck_windows):
                 self.state = LeverState.probe_off
         elif s is LeverState.down:
             self.off_s = seconds_per_step
             self.since += 1
-            if self.since >= self.recheck_windows:
+            if self.since >= (self.span or self.recheck_windows):
                 self.state = LeverState.looking
         if self.state is before:
             return None
-        self.entered = step
+        self.entered, self.since = step, 0
         return self.state
 
     def _decide(self, step: int, before: LeverState) -> None:
@@ -145,8 +152,10 @@ class ServeLever:
         pays = self.on_s <= self.off_s * (1.0 - self.min_gain)
         faster = 1.0 - self.on_s / self.off_s if self.off_s > 0 else 0.0
         self.state = LeverState.serving if pays else LeverState.down
-        self.since = 0
-        again = self.recheck_windows * self.window
+        # a re-check that confirms the last decision doubles the wait before the next one
+        confirmed = bool(self.decisions) and self.decisions[-1]["to"] == self.state.value
+        self.span = 2 * (self.span or self.recheck_windows) if confirmed else self.recheck_windows
+        again = self.span * self.window
         verdict = (
             f"serve, re-checked in {again} steps" if pays
             else f"stand down (no serving, counting or snapshots), look again in {again} steps"
@@ -188,11 +197,11 @@ class ServeLever:
     def state_dict(self) -> Dict[str, Any]:
         return {
             "state": self.state.value, "on_s": self.on_s, "off_s": self.off_s, "since": self.since,
-            "entered": self.entered, "decisions": list(self.decisions),
+            "entered": self.entered, "span": self.span, "decisions": list(self.decisions),
         }  # fmt: skip
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.state = LeverState(state["state"])
         self.on_s, self.off_s, self.since = state["on_s"], state["off_s"], int(state["since"])
-        self.entered = int(state["entered"])
+        self.entered, self.span = int(state["entered"]), int(state["span"])
         self.decisions = list(state["decisions"])

@@ -70,6 +70,21 @@ def test_serving_is_rechecked_by_one_window_without_it():
     assert lv.decisions[-1]["from"] == "probe_off"
 
 
+def test_each_confirming_recheck_doubles_the_wait_and_a_reversal_resets_it():
+    lv = lever(recheck=2)
+    walk(lv, [None, 0.040, 0.030])  # down: re-checked after 2 windows
+    assert lv.state is S.down and lv.span == 2 and "look again in 100 steps" in lv.decisions[-1]["reason"]
+    # look: 2 windows down, looking, probe_on still slower -> down again for 4 windows
+    assert walk(lv, [0.03, 0.03, None, 0.04], start=250) == [S.down, S.looking, S.probe_on, S.down]
+    assert lv.span == 4 and "look again in 200 steps" in lv.decisions[-1]["reason"]
+    assert walk(lv, [0.03] * 4, start=450) == [S.down] * 3 + [S.looking]
+    # this time serving pays: the reversal starts the waits again from recheck_windows
+    assert walk(lv, [None, 0.02], start=650) == [S.probe_on, S.serving]
+    assert lv.span == 2
+    assert walk(lv, [0.02, 0.02, 0.03], start=750) == [S.serving, S.probe_off, S.serving]
+    assert lv.span == 4  # confirmed: serving's next re-check waits twice as long
+
+
 def test_an_unmeasured_window_changes_nothing():
     lv = lever()
     walk(lv, [None, 0.03])
@@ -83,6 +98,8 @@ def test_looking_again_with_nothing_stale_stands_down_again():
     assert lv.state is S.looking
     assert lv.window_end(300, None, ready=False) is S.down
     assert "nothing stale" in lv.decisions[-1]["reason"]
+    # and waits twice as long before the next look
+    assert lv.span == 2 and walk(lv, [0.03, 0.03], start=350) == [S.down, S.looking]
 
 
 def test_always_never_times_nor_changes():
@@ -98,7 +115,8 @@ def test_state_round_trips():
     walk(lv, [None, 0.039, 0.031, 0.03])
     again = lever()
     again.load_state_dict(lv.state_dict())
-    assert (again.state, again.on_s, again.off_s, again.since, again.entered) == (lv.state, lv.on_s, lv.off_s, lv.since, lv.entered)
+    assert (again.state, again.on_s, again.off_s, again.since, again.entered, again.span) == (
+        lv.state, lv.on_s, lv.off_s, lv.since, lv.entered, lv.span)
     assert lv.entered == 200  # the window end that stood serving down
     assert again.decisions == lv.decisions
 
