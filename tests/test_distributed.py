@@ -51,3 +51,21 @@ def test_more_ranks_than_gpus_is_refused_not_doubled_up(monkeypatch):
     assert distributed.resolve_device("auto", 1) == torch.device("cuda", 1)
     with pytest.raises(ValueError, match=r"local rank 2 but this node has 2 visible GPU\(s\).*at most 2 processes per node"):
         distributed.resolve_device("auto", 2)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:48313: Connection reset by peer", "lost its connection"),
+    ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 600000ms", "collective_timeout_s=600"),
+    ("Connection closed by peer [127.0.0.1]:1417", "lost its connection"),
+    ("CUDA out of memory", None),
+])  # fmt: skip
+def test_a_failed_collective_is_explained_in_one_line(text, expected, monkeypatch):
+    """What rank 0 prints when another rank died or stalled (the e2e kill test can race torchrun's
+    SIGTERM, so the explanation is checked here on the errors gloo raises)."""
+    monkeypatch.setenv("RANK", "0")
+    got = distributed.explain_collective_failure(RuntimeError(text), 600.0)
+    if expected is None:
+        assert got is None
+        return
+    assert expected in got and got.startswith("rank 0") and "\n" not in got
+    assert distributed.explain_collective_failure(ValueError(text), 600.0) is None  # not a collective's error

@@ -87,3 +87,23 @@ def test_the_performance_table_quotes_the_results_file():
         _check(r[5], got["auc"])
         _check(r[6].replace("**", ""), got["paired"] if arm != "off" else [])
         _check(r[7], got["calibration"])
+
+
+EXTERNAL = {"instacart": "headline_instacart.json", "movielens_1m": "headline_movielens.json"}
+
+
+def test_the_external_logs_table_quotes_its_results_files():
+    rows = _rows("docs/performance.md", "| data | run | train s | vs `off` (per seed) |")
+    names = {"`off` (fp32)": "off", "defaults": "defaults", "`off` + bf16 and downsampling": "off_auto"}
+    assert len(rows) == len(names) * len(EXTERNAL)
+    for r in rows:
+        dataset = _dataset(r[0])
+        runs = json.loads((ROOT / "benchmarks" / "results" / EXTERNAL[dataset]).read_text())["results"][dataset]["runs"]
+        arm = names[r[1]]
+        mine, off = runs[arm], runs["off"]
+        vs_off = [b["train_seconds"] / a["train_seconds"] for a, b in zip(mine, off)]
+        paired = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, off)]
+        _check(r[2], [statistics.mean(x["train_seconds"] for x in mine)])
+        _check(r[3], [statistics.mean(vs_off), *vs_off] if arm != "off" else [])
+        _check(r[4], [statistics.mean(x["test_auc"] for x in mine)])
+        _check(r[5], [statistics.mean(paired), *paired] if arm != "off" else [])

@@ -110,7 +110,12 @@ def test_killed_worker_is_restarted_by_torchrun_and_the_run_ends_bit_identical(t
     )
     log = result.stdout + result.stderr
     assert "fault injection: kill after step 21" in log
-    assert "lost its connection to another rank" in log  # rank 0's message, not a raw gloo trace
+    # rank 0 either fails in its next collective and says so in one line (not a raw gloo trace),
+    # or torchrun's agent stops it first (SIGTERM), when rank 0 was not in a collective yet: a
+    # race on a loaded machine. The one-line explanation itself: tests/test_distributed.py.
+    explained = "lost its connection to another rank" in log
+    stopped_first = "closing signal SIGTERM" in log and "Traceback" not in log
+    assert explained or stopped_first, log[-4000:]
     ref, got = _summary(reference), _summary(run_dir)
     assert got["resumed_from"]["step"] == 16  # the newest checkpoint before the kill
     assert got["resumed_from"]["data_position_exact"] and got["resumed_from"]["slipstream_tracking_exact"]
