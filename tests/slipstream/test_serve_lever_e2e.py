@@ -2,8 +2,9 @@
 serving down where it costs more than it saves, with Slipstream's own work, and keeps it where
 it is allowed to cost (a negative margin), re-checking it by a window without serving.
 
-`experiment=clicklog_quick` in fp32 (200 steps of 2 x 1024; snapshots every 20 steps, windows of
-20, a re-check every 3 windows stood down and every 2 serving). On one machine the embedding all-to-alls are cheap, and here the
+`experiment=clicklog_quick` in fp32 (200 steps of 2 x 1024 an epoch, two epochs for the costly
+run; snapshots every 20 steps, windows of 20, a re-check every 4 windows stood down and every 2
+serving). On one machine the embedding all-to-alls are cheap, and here the
 replica is also copied whole after every step (``replica_sync_steps=1 replica_sync_bound=-1``):
 serving costs far more than it can save, so the lever's first decision must be to stand down.
 """
@@ -17,7 +18,7 @@ import pytest
 from tests.test_train import BIN, _run
 
 WINDOW = 20
-RECHECK = {"costly": 3, "tolerated": 2}
+RECHECK = {"costly": 4, "tolerated": 2}  # costly: its second decision (step 220) clear of the epoch end (200)
 LEVER = ["slipstream=serve", "slipstream.serve_when=auto", f"slipstream.serve_window_steps={WINDOW}",
          "slipstream.negative_downsampling=0"]  # fmt: skip
 
@@ -31,7 +32,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("lever")
     out = {}
     for name, extra in [
-        ("costly", ["slipstream.replica_sync_steps=1", "slipstream.replica_sync_bound=-1"]),
+        # two epochs: time to stand down, look again and stand down again from serving
+        ("costly", ["slipstream.replica_sync_steps=1", "slipstream.replica_sync_bound=-1", "trainer.epochs=2"]),
         ("tolerated", ["slipstream.serve_min_gain=-0.9"]),  # serve unless a step takes 10x as long
     ]:
         run_dir = root / name
@@ -55,7 +57,9 @@ def test_costly_serving_stands_down_by_its_measured_step_times(runs):
     assert "stand down" in first["reason"]
     # the metric log carries every decision the summary does
     assert [{k: v for k, v in r.items() if k not in ("kind", "time")} for r in _records(run_dir, "lever")] == lever["decisions"]
-    assert s["samples_trained"] == 200 * 2 * 1024  # nothing dropped, whatever the lever chose
+    assert s["samples_trained"] == 2 * 200 * 2 * 1024  # nothing dropped, whatever the lever chose
+    # it looked again and stood down again, then from a window serving
+    assert [(d["from"], d["to"]) for d in lever["decisions"][:2]] == [("probe_off", "down"), ("probe_on", "down")]
 
 
 def test_standing_down_stops_serving_counting_and_snapshots_until_it_looks_again(runs):
@@ -76,6 +80,13 @@ def test_standing_down_stops_serving_counting_and_snapshots_until_it_looks_again
     # served gradients): at most 1% of the step
     spent = c["time_slipstream"] - b["time_slipstream"]
     assert spent <= 0.01 * (c["time_total"] - b["time_total"]), (spent, c["time_total"] - b["time_total"])
+    # standing down from a window serving: the batches split before it still train, and their
+    # served gradients reach their shards in the next window's pushes
+    again = s["serve_lever"]["decisions"][1]["step"]
+    assert train[again + WINDOW]["served_sums_unpushed"] == 0
+    # (the window before served, so did the batches split ahead of the decision: the counters
+    # count at the split, on the data side)
+    assert train[again]["lookups_served"] > train[again - WINDOW]["lookups_served"]
 
 
 def test_a_tolerated_cost_keeps_serving_and_rechecks_it_with_a_window_without(runs):
