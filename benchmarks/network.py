@@ -7,7 +7,9 @@ through the real multi-node launch: ``python -m torch.distributed.run --nnodes N
 --nproc_per_node 1`` with the c10d rendezvous on the first node's address and gloo bound to the
 node's interface (``GLOO_SOCKET_IFNAME``). The bytes each node sent are read from its
 interface's counters around the run (every collective, setup and evaluation included, TCP/IP
-headers too) and printed beside the program's own count (summary.json a2a_bytes_per_sample).
+headers too) and printed beside the program's own count (summary.json a2a_bytes_per_sample);
+each trainer also reads its node's counter over its training steps alone (summary.json ``wire``,
+training/wire_meter.py), which covers the same steps as the program's count.
 Everything it made is removed at the end, on failure and on Ctrl-C / SIGTERM too.
 
 A job is a name and Hydra overrides (``--job NAME=OVERRIDES``, given after ``--base``), or
@@ -176,6 +178,8 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
         "wire_bytes_per_node": tx, "wire_bytes_per_sample": sum(tx) / samples if samples else None,
         "program_bytes_per_sample": program,
         "program_off_rank_bytes_per_sample": off_rank,
+        # the trainer's own reading of each node's counter over its training steps (ours only)
+        "wire_train": None if job.golden else res.get("wire"),
         "qcomms": res.get("qcomms"), "ddp_comm_hook": res.get("ddp_comm_hook"),
         "sharding_types": sorted(set(res["sharding_plan"].values())) if isinstance(res.get("sharding_plan"), dict)
         else res.get("sharding"),
@@ -186,6 +190,21 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
         "negative_downsampling_rate": (res.get("negative_downsampling") or {}).get("rate"),
         "time_breakdown_rank0": res.get("time_breakdown_rank0"),
     }  # fmt: skip
+
+
+def _train_wire(mine: List[Dict[str, Any]], off: List[Dict[str, float]]) -> Dict[str, Any]:
+    per = [(m.get("wire_train") or {}).get("bytes_per_sample") for m in mine]
+    if not per or any(p is None for p in per):
+        return {"wire_train_bytes_per_sample": None, "wire_train_over_program": None,
+                "wire_train_minus_dense_bytes_per_sample": None}  # fmt: skip
+    wire = statistics.mean(per)
+    prog = statistics.mean(o["total"] for o in off) if off else None
+    dense = statistics.mean(o["dense"] + o["data_parallel"] for o in off) if off else None
+    return {
+        "wire_train_bytes_per_sample": wire,
+        "wire_train_over_program": wire / prog if prog else None,
+        "wire_train_minus_dense_bytes_per_sample": wire - dense if dense is not None else None,
+    }
 
 
 def summarize(runs: List[Dict[str, Any]], jobs: List[str], rates: List[str], pair_with: str) -> Dict[str, Any]:
@@ -215,6 +234,9 @@ def summarize(runs: List[Dict[str, Any]], jobs: List[str], rates: List[str], pai
                 "program_off_rank_bytes_per_sample": {k: statistics.mean(o[k] for o in off) for k in off[0]} if off else None,
                 "wire_minus_dense_bytes_per_sample": statistics.mean(m["wire_bytes_per_sample"] for m in mine)
                 - statistics.mean(o["dense"] + o["data_parallel"] for o in off) if off else None,
+                # the wire over the training steps only (the trainer's meter): the same steps as the
+                # program's count, so the two should agree; less the dense estimate, the embedding side
+                **_train_wire(mine, off),
                 "test_auc": statistics.mean(m["test_auc"] for m in mine if m["test_auc"] is not None)
                 if any(m["test_auc"] is not None for m in mine) else None,
                 f"paired_auc_vs_{pair_with}": statistics.mean(paired) if paired and job != pair_with else None,
@@ -262,10 +284,15 @@ def figure(summary: Dict[str, Any], rates: List[str], path: Path) -> None:
     plt.close(fig)
 
 
+def _fmt(v: Optional[float], spec: str, width: int) -> str:
+    return f"{'' if v is None else format(v, spec):>{width}}"
+
+
 def print_table(summary: Dict[str, Any], pair_with: str) -> None:
     key = f"paired_auc_vs_{pair_with}"
     print(f"{'job':<16} {'rate':<8} {'train s':>8} {'samples/s':>10} {'wire B/s.':>10} {'program B/s.':>12} "
-          f"{'off-rank B/s.':>13} {'wire-dense':>10} {'test AUC':>9} {'paired':>8}")  # fmt: skip
+          f"{'off-rank B/s.':>13} {'wire-dense':>10} {'train wire':>10} {'/program':>8} {'t.w.-dense':>10} "
+          f"{'test AUC':>9} {'paired':>8}")  # fmt: skip
     for row in summary["table"]:
         prog, off = row["program_bytes_per_sample"], row.get("program_off_rank_bytes_per_sample")
         emb = row.get("wire_minus_dense_bytes_per_sample")
@@ -274,7 +301,9 @@ def print_table(summary: Dict[str, Any], pair_with: str) -> None:
         print(f"{row['job']:<16} {row['rate']:<8} {row['train_seconds']:>8.1f} {row['samples_per_second']:>10.0f} "
               f"{row['wire_bytes_per_sample']:>10.0f} {'' if prog is None else f'{prog:.0f}':>12} "
               f"{'' if off_total is None else f'{off_total:.0f}':>13} "
-              f"{'' if emb is None else f'{emb:.0f}':>10} "
+              f"{'' if emb is None else f'{emb:.0f}':>10} {_fmt(row.get('wire_train_bytes_per_sample'), '.0f', 10)} "
+              f"{_fmt(row.get('wire_train_over_program'), '.3f', 8)} "
+              f"{_fmt(row.get('wire_train_minus_dense_bytes_per_sample'), '.0f', 10)} "
               f"{'' if auc is None else f'{auc:.4f}':>9} {'' if paired is None else f'{paired:+.4f}':>8}")  # fmt: skip
     for rate, s in summary["communication_share"]["by_rate"].items():
         print(f"{pair_with}'s communication share at {rate}: {s:.1%} (1 - unshaped time / shaped time)")
@@ -284,7 +313,9 @@ def print_table(summary: Dict[str, Any], pair_with: str) -> None:
           "itself (summary.json off_rank_bytes_per_sample: a 2-rank all-to-all keeps half, gloo's ring all-reduce "
           "sends 2(W-1)/W of its buffer); wire-dense: the wire less the off-rank dense and data-parallel "
           "all-reduces, the embedding side on the wire. The wire also carries evaluation, setup, Slipstream's "
-          "tracking and TCP/IP headers")
+          "tracking and TCP/IP headers. train wire: the trainer's own reading of each node's counter over its "
+          "training steps (summary.json wire: evaluations, checkpoints and setup left out), /program: its "
+          "ratio to the off-rank count, t.w.-dense: it less the dense estimate")
 
 
 def _raise_on(signum: int, _frame: Any) -> None:

@@ -85,4 +85,10 @@ def test_smoke_trains_on_two_nodes_across_the_namespaces(tmp_path):
     # one rank per node: the embedding all-to-alls crossed the link
     assert res["wire_bytes_per_sample"] > summary["a2a_bytes_per_sample"]["embedding"] / 2 > 0
     assert all(b > 0 for b in res["wire_bytes_per_node"])
+    # each node's trainer read its own interface over the training steps: the wire agrees with
+    # the program's count of what left the ranks (TCP/IP and Ethernet headers on top)
+    wire = summary["wire"]
+    assert wire["interfaces"] == ["eth0"] and wire["nodes_read"] == 2 and wire["steps"] == 10
+    assert 1.0 <= wire["wire_over_program"] <= 1.08, wire
+    assert res["wire_train"] == wire
     assert set(netns.ours()) == before

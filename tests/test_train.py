@@ -59,8 +59,15 @@ def data_root(tmp_path_factory) -> Path:
 
 def test_two_process_training_learns_and_writes_a_complete_run(tmp_path, data_root):
     run_dir = tmp_path / "run"
-    summary = _torchrun(run_dir, data_root)
+    summary = _torchrun(run_dir, data_root, "trainer.wire_interface=lo")
     assert SUMMARY_KEYS <= set(summary), SUMMARY_KEYS - set(summary)
+    # Both ranks on this host: what they send each other crosses lo once, so its counter over
+    # the training steps (the evaluations at steps 10 and 20 left out) is the wire, and it agrees
+    # with the program's own count of what left the ranks (smoke's plan is mostly row-wise:
+    # gloo's reduce-scatters send twice what an all-to-all of the same tensor would).
+    wire = summary["wire"]
+    assert wire["interfaces"] == ["lo"] and wire["nodes_read"] == 1 and wire["steps"] == 20
+    assert 1.0 <= wire["wire_over_program"] <= 1.05, wire
     assert summary["world_size"] == 2
     assert summary["policy"] == "off"
     # smoke: 20 steps x 512 per rank x 2 ranks, nothing skipped

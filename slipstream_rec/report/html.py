@@ -177,7 +177,7 @@ def build(runs: List[Run]) -> Dict[str, Any]:
     # -- serving and embedding traffic
     rows_t = traffic.traffic_rows(runs)
     if rows_t:
-        spec = ["", ".3f"] + [".1f"] * len(traffic.KINDS) + [".3f", "", "int", ".1f"]
+        spec = ["", ".3f"] + [".1f"] * len(traffic.KINDS) + [".3f", ".1f", ".1f", ".3f", "", "int", ".1f"]
         body = _table(traffic.HEADER, _cells(rows_t, spec), table_id="traffic-table")
         turnover = traffic.turnover_rows(runs)
         if turnover:
@@ -191,7 +191,10 @@ def build(runs: List[Run]) -> Dict[str, Any]:
             "embeddings, their gradients, as the quantized comms' codec sends them), serve's gradient pushes and "
             "replica rebuilds, the lock-step agreements (control), DDP's all-reduces of the dense arch and of "
             "data-parallel tables; total = all of them (runs of older versions lack some kinds: n/a, not in "
-            "their total). Served fraction = samples answered from the replica of stale rows.", body))
+            "their total). Off-rank: the same less what each rank sends itself, at each collective's rate (what a "
+            "network between the ranks carries); wire: the bytes the nodes' interfaces sent over the training "
+            "steps (summary.json wire, trainer.wire_interface; n/a on one node), and its ratio to the off-rank "
+            "count. Served fraction = lookups answered from the replica of stale rows.", body))
 
     # -- precision, negative downsampling, calibration
     rows_d = downsampling.run_rows(runs)

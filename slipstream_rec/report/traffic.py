@@ -10,7 +10,8 @@ from slipstream_rec.report.runs import Run
 
 # Every kind of summary.json's a2a_bytes_per_sample (training/embedding_traffic.py), then the sum.
 KINDS = ("input", "output", "gradient", "push", "replica", "control", "dense", "data_parallel", "total")
-HEADER = ["run", "served fraction", *(f"{k} B/sample" for k in KINDS), "total vs first run", "comms on the wire",
+HEADER = ["run", "served fraction", *(f"{k} B/sample" for k in KINDS), "total vs first run",
+          "off-rank B/sample (program)", "wire B/sample (training)", "wire / program", "comms on the wire",
           "replica rows", "rows updated/step"]  # fmt: skip
 TURNOVER_HEADER = ["run", "step", "hot rows", "joined", "left"]
 
@@ -27,9 +28,12 @@ def traffic_rows(runs: Sequence[Run]) -> List[List[Any]]:
         kinds = dict(a2a)
         if "replica" not in kinds and replica.get("sync_bytes_per_sample") is not None:
             kinds["replica"] = replica["sync_bytes_per_sample"]  # older runs: not in their total
+        wire = run.get("wire") or {}
         rows.append([
             run.label, run.get("served_fraction"), *(kinds.get(k) for k in KINDS),
-            a2a["total"] / base if base else None, comms(run), replica.get("rows"), run.get("rows_updated_per_step"),
+            a2a["total"] / base if base else None, (run.get("off_rank_bytes_per_sample") or {}).get("total"),
+            wire.get("bytes_per_sample"), wire.get("wire_over_program"),
+            comms(run), replica.get("rows"), run.get("rows_updated_per_step"),
         ])  # fmt: skip
     return rows
 

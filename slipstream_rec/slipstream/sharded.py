@@ -14,6 +14,8 @@ In every case the id in the KJT is the row index into the local shard's weights.
 
 from __future__ import annotations
 
+import functools
+
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -230,6 +232,13 @@ def discover_units(ebc: ShardedEmbeddingBagCollection) -> List[ShardUnit]:
     return units
 
 
+# The shardings whose pooled output is reduce-scattered (row-wise over all ranks; table-row-wise
+# within a node, then an all-to-all across nodes) and whose gradient is all-gathered back: their
+# bytes are also counted under "output/<type>" and "gradient/<type>" (SPLIT_COUNTS), since they
+# leave a rank at other rates than an all-to-all's (training/embedding_traffic.py).
+REDUCE_SCATTER_SHARDINGS = (ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value)
+SPLIT_COUNTS = tuple(f"{k}/{t}" for k in ("output", "gradient") for t in REDUCE_SCATTER_SHARDINGS)
+
 ROWS_UPDATED_EVERY = 10  # training calls between two measurements of the rows a step updates
 
 
@@ -247,7 +256,9 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
     ``output`` (the local pooled embeddings given to each sharding's output dist: its
     all-to-all, or reduce-scatter for row-wise) and ``gradient`` (the gradient of the pooled
     embeddings received from it, which its backward sends back). Sizes include the share a rank
-    sends to itself; data-parallel tables have no collective and count nothing.
+    sends to itself; data-parallel tables have no collective and count nothing. The row-wise
+    shardings' part of ``output`` and ``gradient`` is also kept under ``output/<type>`` and
+    ``gradient/<type>`` (``SPLIT_COUNTS``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -265,8 +276,11 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         # dist of each communicating sharding (its first argument is what the collective gets).
         for sharding_type, output_dist in zip(self._sharding_types, self._output_dists):
             if sharding_type != ShardingType.DATA_PARALLEL.value:
-                output_dist.register_forward_pre_hook(self._count_output)
-                output_dist.register_forward_hook(self._watch_gradient)
+                # row-wise shardings reduce-scatter (and all-gather back), which sends more than
+                # an all-to-all of the same tensor: their share is kept apart as well (SPLIT_COUNTS)
+                part = sharding_type if sharding_type in REDUCE_SCATTER_SHARDINGS else None
+                output_dist.register_forward_pre_hook(functools.partial(self._count_output, part))
+                output_dist.register_forward_hook(functools.partial(self._watch_gradient, part))
 
     # ---- the byte meter -----------------------------------------------------------------------
     def _create_input_dist(self, *args: Any, **kwargs: Any) -> None:
@@ -280,23 +294,29 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         if self.training:
             self.a2a_bytes["input"] += sum(t.numel() * t.element_size() for t in args[0].dist_tensors())
 
-    def _count_output(self, _module: Any, args: Tuple[Any, ...]) -> None:
-        if self.training:
-            self.a2a_bytes["output"] += args[0].numel() * args[0].element_size()
+    def _add(self, kind: str, part: Optional[str], nbytes: int) -> None:
+        self.a2a_bytes[kind] += nbytes
+        if part is not None:
+            key = f"{kind}/{part}"
+            self.a2a_bytes[key] = self.a2a_bytes.get(key, 0) + nbytes
 
-    def _watch_gradient(self, _module: Any, _args: Any, awaitable: Any) -> None:
+    def _count_output(self, part: Optional[str], _module: Any, args: Tuple[Any, ...]) -> None:
+        if self.training:
+            self._add("output", part, args[0].numel() * args[0].element_size())
+
+    def _watch_gradient(self, part: Optional[str], _module: Any, _args: Any, awaitable: Any) -> None:
         if not self.training:
             return
 
         def on_result(received: torch.Tensor) -> torch.Tensor:
             if received.requires_grad:
-                received.register_hook(self._count_gradient)
+                received.register_hook(functools.partial(self._count_gradient, part))
             return received
 
         awaitable.callbacks.append(on_result)
 
-    def _count_gradient(self, grad: torch.Tensor) -> None:
-        self.a2a_bytes["gradient"] += grad.numel() * grad.element_size()
+    def _count_gradient(self, part: Optional[str], grad: torch.Tensor) -> None:
+        self._add("gradient", part, grad.numel() * grad.element_size())
 
     @property
     def units(self) -> List[ShardUnit]:

@@ -99,6 +99,11 @@ class TrainerConfig:
     # Profile this many training steps with torch.profiler (0: off), from the middle of the run,
     # into <run_dir>/profile/trace_rank<r>.json (Chrome trace; training/profiling.py).
     profile_steps: int = 0
+    # The network interface(s) whose sent bytes summary.json's `wire` reports over the training
+    # steps, beside the program's own count (training/wire_meter.py): auto (the interfaces
+    # GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME name; none when unset), none, or a comma-separated
+    # list of names. Read by local rank 0 only: the counter is the node's.
+    wire_interface: str = "auto"
     # Checkpoint saving (when, how many kept, where).
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -121,6 +126,7 @@ class TrainerConfig:
                 "fp32 or auto with trainer.pipeline=base (bf16 autocast is wired into the sparse_dist pipeline)",
             ),
             ("resume", bool(self.resume), "auto, never or a checkpoint path"),
+            ("wire_interface", bool(self.wire_interface.strip()), "auto, none or an interface name such as eth0"),
             (
                 "sync_audit",
                 not self.sync_audit or self.pipeline is PipelineKind.sparse_dist,

@@ -17,7 +17,9 @@ sample, for every policy, so ``off``, ``skip`` and ``serve`` compare directly.
   counted); ``total``: every kind.
 
 Each count includes a rank's share to itself; ``off_rank_bytes_per_sample`` has the same kinds
-less that share (``off_rank_factors``), what a network between the ranks carries.
+less that share, at the rate each collective sends (``off_rank_factors``, ``split_factors``):
+what a network between the ranks carries, which the trainer's wire meter reads beside it
+(training/wire_meter.py).
 
 Not counted: the small collectives of setup, of Slipstream's tracking (hot set, threshold,
 snapshots' agreement), of the downsampling guard, of evaluation and of checkpoints.
@@ -28,6 +30,7 @@ the first sharded module's ``a2a_bytes`` beside its own, so a checkpoint carries
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, MutableMapping
 
 import torch
@@ -36,7 +39,7 @@ from torch import nn
 
 from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.sharding.qcomms import wire_factor
-from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
+from slipstream_rec.slipstream.sharded import SPLIT_COUNTS, SlipstreamShardedEBC
 
 EMBEDDING_KINDS = ("input", "output", "gradient")
 A2A_KINDS = EMBEDDING_KINDS + ("push", "replica", "control", "dense", "data_parallel")
@@ -68,11 +71,24 @@ def local_a2a_bytes(model: nn.Module, controller: Any = None) -> Dict[str, int]:
     return totals
 
 
+def local_split_bytes(model: nn.Module) -> Dict[str, int]:
+    """This rank's part of ``output`` and ``gradient`` that the row-wise shardings' reduce-scatters
+    and all-gathers carried (``SPLIT_COUNTS``), at the codec's rate like theirs (local)."""
+    totals = {k: 0 for k in SPLIT_COUNTS}
+    for m in _modules(model):
+        registry = m.qcomm_codecs_registry
+        factor = {"output": wire_factor(registry, "forward"), "gradient": wire_factor(registry, "backward")}
+        for k in SPLIT_COUNTS:
+            totals[k] += int(round(m.a2a_bytes.get(k, 0) * factor[k.split("/")[0]]))
+    return totals
+
+
 def off_rank_factors(world: int) -> Dict[str, float]:
     """What share of the bytes counted for each kind leaves the rank (what a network carries),
-    for ``world`` ranks with equal batches: the embedding all-to-alls and reduce-scatters keep
-    1/W on the rank (exact for the pooled embeddings and gradients; for the ids, the share of a
-    rank's ids that its own shards hold, taken as 1/W); an all-reduce (gloo's ring) sends
+    for ``world`` ranks with equal batches: the embedding all-to-alls keep 1/W on the rank (exact
+    for the pooled embeddings and gradients; for the ids, the share of a rank's ids that its own
+    shards hold, taken as 1/W; the row-wise shardings' reduce-scatters and all-gathers are
+    ``split_factors``'); an all-reduce (a ring, gloo's and NCCL's) sends
     2(W-1)/W of its buffer; the replica's all-gather sends a rank's slice to each of the W-1
     others; the push counts only what it sends to other ranks already."""
     if world <= 1:
@@ -82,6 +98,52 @@ def off_rank_factors(world: int) -> Dict[str, float]:
         "input": a2a, "output": a2a, "gradient": a2a, "push": 1.0, "replica": float(world - 1),
         "control": ring, "dense": ring, "data_parallel": ring,
     }  # fmt: skip
+
+
+def reduce_scatter_rate(ranks: int, backend: str) -> float:
+    """Share of its buffer a rank sends in a reduce-scatter over ``ranks``: NCCL's ring sends
+    (n-1)/n; gloo's sends 2(n-1)/n, as much as its all-reduce (measured on loopback with 2 and 4
+    ranks: 16 MB buffers, 16 and 24 MB sent per rank)."""
+    if ranks <= 1:
+        return 0.0
+    return (2.0 if backend == "gloo" else 1.0) * (ranks - 1) / ranks
+
+
+def split_factors(world: int, local: int, backend: str) -> Dict[str, float]:
+    """The share of each ``SPLIT_COUNTS`` count that leaves the rank, with ``local`` ranks per
+    node. ``row_wise``: its pooled output reduce-scattered over all ranks, its gradient
+    all-gathered back (each rank's slice to the W-1 others). ``table_row_wise`` on N = W/L
+    nodes: reduce-scattered within the node, then the node's 1/L of it all-to-all'ed across
+    nodes, (N-1)/N leaving; backward, the all-to-all's (N-1)/N of the gradient, then the
+    all-gather within the node, (L-1) of it. With one rank per node that is an all-to-all's;
+    on one node, row-wise's."""
+    if world <= 1:
+        return {k: 0.0 for k in SPLIT_COUNTS}
+    local = max(1, min(local, world))
+    nodes = max(1, world // local)
+    cross = (nodes - 1) / nodes
+    return {
+        "output/row_wise": reduce_scatter_rate(world, backend),
+        "gradient/row_wise": float(world - 1),
+        "output/table_row_wise": reduce_scatter_rate(local, backend) + cross / local,
+        "gradient/table_row_wise": cross + (local - 1),
+    }
+
+
+def off_rank_bytes(
+    sums: Dict[str, float], split: Dict[str, float], world: int, local: int, backend: str
+) -> Dict[str, float]:
+    """Every kind's bytes that left the ranks: each count at its collective's rate; ``output`` and
+    ``gradient`` with their row-wise parts (``split``) at those shardings' rates and the rest at
+    an all-to-all's."""
+    factors, parts = off_rank_factors(world), split_factors(world, local, backend)
+    out = {k: v * factors[k] for k, v in sums.items()}
+    for kind in ("output", "gradient"):
+        mine = {k: v for k, v in split.items() if k.startswith(f"{kind}/")}
+        rest = sums[kind] - sum(mine.values())
+        assert rest >= -1e-6 * max(1.0, sums[kind]), f"{kind}: its row-wise part exceeds it"
+        out[kind] = max(0.0, rest) * factors[kind] + sum(v * parts[k] for k, v in mine.items())
+    return out
 
 
 def per_sample(totals: Dict[str, float], samples: float) -> Dict[str, float]:
@@ -117,23 +179,31 @@ def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained
     features = controller.index.num_features  # the same on every rank
     per_feature = [plan.feature_lookups or [0] * features, plan.feature_served or [0] * features]
     assert all(len(x) == features for x in per_feature), "one count per feature"
-    values = [float(a2a[k]) for k in A2A_KINDS] + [
+    split = local_split_bytes(model)
+    values = [float(a2a[k]) for k in A2A_KINDS] + [float(split[k]) for k in SPLIT_COUNTS] + [
         float(c["samples_served"]), float(c["lookups_served"]), float(c["lookups_split"]),
         float(c["slots_sent"]), float(c["bags_split"]), rows["rows"] / max(1, rows["steps"]),
     ] + [float(x) for x in per_feature[0] + per_feature[1]]  # fmt: skip
     total = all_reduce_(torch.tensor(values, dtype=torch.float64)).tolist()  # all ranks
     n = len(A2A_KINDS)
     sums = dict(zip(A2A_KINDS, total[:n]))
+    split_sums = dict(zip(SPLIT_COUNTS, total[n : n + len(SPLIT_COUNTS)]))
+    total = total[:n] + total[n + len(SPLIT_COUNTS) :]
     served, lookups_served, lookups, slots, bags, rows_per_step = total[n : n + 6]
     seen, hit = total[n + 6 : n + 6 + features], total[n + 6 + features :]
     sync = sums["replica"]
     world = dist.get_world_size() if dist.is_initialized() else 1
-    factors = off_rank_factors(world)
+    backend = str(dist.get_backend()) if dist.is_initialized() else "gloo"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun's ranks on this node
+    off_rank = off_rank_bytes(sums, split_sums, world, local, backend)
     return {
         "a2a_bytes_per_sample": per_sample(sums, samples_trained),
-        # the same counts less what stays on each rank: what the network carries (estimated
-        # per kind, off_rank_factors), to set beside the bytes a NIC counts
-        "off_rank_bytes_per_sample": per_sample({k: v * factors[k] for k, v in sums.items()}, samples_trained),
+        # the same counts less what stays on each rank, at each collective's rate: what the
+        # network carries, to set beside the bytes a NIC counts (summary.json wire)
+        "off_rank_bytes_per_sample": per_sample(off_rank, samples_trained),
+        # the row-wise shardings' part of output and gradient (reduce-scattered, all-gathered back)
+        "row_wise_bytes_per_sample": {k: round(v / samples_trained, 3) if samples_trained else 0.0
+                                      for k, v in split_sums.items()},  # fmt: skip
         "served_fraction": lookups_served / lookups if lookups else 0.0,
         "samples_served": int(served),
         "lookups_served": int(lookups_served),

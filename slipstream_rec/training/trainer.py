@@ -37,6 +37,7 @@ from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.metrics import evaluate_predictions
 from slipstream_rec.training.profiling import StepProfiler
 from slipstream_rec.training.sync_audit import SyncAudit
+from slipstream_rec.training.wire_meter import WireMeter
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +237,8 @@ class Trainer:
         self.resumed_from: Optional[Dict[str, Any]] = None
         self._reattach_step = -1  # the step after an evaluation or a quality check's scoring
         self.faults = FaultInjector.from_env(env.rank)
+        # the node's interface counter over the training steps (summary.json's wire)
+        self.wire = WireMeter.from_config(cfg.wire_interface, env.local_rank)
         slipstream.scorer = self.score
         slipstream.clock = self._drained_train_seconds
         # trainer.sync_audit: count the ops of each step that would wait for a GPU (sync_audit.py)
@@ -270,9 +273,12 @@ class Trainer:
             model.train(was_training)
         return logits
 
-    def _not_a_step(self) -> Any:
-        """Evaluations and checkpoints are left out of the sync audit's step counts."""
-        return self.audit.paused() if self.audit is not None else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _not_a_step(self) -> Iterator[None]:
+        """Evaluations and checkpoints are left out of the sync audit's step counts and of the
+        wire meter's bytes."""
+        with self.audit.paused() if self.audit is not None else contextlib.nullcontext(), self.wire.paused():
+            yield
 
     def _step_kinds(self, step: int) -> List[str]:
         """What ran in ``step`` besides training (the sync audit's classes of steps)."""
@@ -398,6 +404,7 @@ class Trainer:
             self._epoch_start = time.perf_counter()
             self._paused_before = st.eval_seconds + st.checkpoint_seconds
             window_start, window_step = self._epoch_start, st.step
+            self.wire.resume()
             while True:
                 self.profiler.before_step(st.step + 1)
                 probe = self.precision_probe
@@ -414,6 +421,7 @@ class Trainer:
                 self.scheduler.step()
                 st.step += 1
                 st.samples_trained += global_batch
+                self.wire.steps += 1
                 self.log.advance()
                 self.slipstream.observe(logits, labels)  # held out: scored before their update
                 record = self.slipstream.after_step(st.step)  # all ranks: may run collectives
@@ -458,6 +466,7 @@ class Trainer:
                 self.faults.after_step(st.step)
             if self.env.device.type == "cuda":
                 torch.cuda.synchronize(self.env.device)  # count the queued kernels too
+            self.wire.pause()
             st.train_seconds = self._live_train_seconds()
             self._epoch_start = None
 
@@ -647,6 +656,8 @@ class Trainer:
             "slipstream_state_bytes": int(state_bytes.item()),
             "embedding_cache": cache,
             **traffic,
+            # all ranks: the bytes the nodes' interfaces sent over the training steps
+            "wire": self.wire.summary(self.cfg.batch_size * self.env.world_size, traffic["off_rank_bytes_per_sample"]),
             "time_breakdown_rank0": {k: round(v, 3) for k, v in self.time_breakdown().items()},
             "slipstream": {
                 "hot_selection": self.slipstream.hot_selection,

@@ -28,6 +28,7 @@ def test_traffic_table_shows_each_runs_bytes_and_the_hot_set_turnover(tmp_path):
                                                     "data_parallel": 0.0, "embedding": 1266.0, "total": 1420.0},
           qcomms={"forward_on_wire": "fp16", "backward_on_wire": "fp16"}, ddp_comm_hook={"hook": "bf16"},
           served_fraction=0.5, rows_updated_per_step=10000.0, replica={"rows": 70000, "sync_bytes_per_sample": 23.5},
+          off_rank_bytes_per_sample={"total": 760.0}, wire={"bytes_per_sample": 775.2, "wire_over_program": 1.02},
           slipstream={"hot_turnover": [{"step": 300, "hot_rows": 72000, "joined": 34000, "left": 8000}]})
     runs = [load_run(tmp_path / "off"), load_run(tmp_path / "serve")]
     for run, label in zip(runs, ("off", "serve")):
@@ -36,10 +37,12 @@ def test_traffic_table_shows_each_runs_bytes_and_the_hot_set_turnover(tmp_path):
     table = out["html"][out["html"].index('id="traffic-table"'):]
     cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", table.split("</table>")[0])]
     # off: an older summary (no push ... data_parallel, no comms); serve: every kind
-    assert cells[:16] == ["off", "0.000", "176.0", "1408.0", "704.0", "n/a", "n/a", "n/a", "n/a", "n/a", "2288.0",
-                          "1.000", "n/a", "n/a", "14000.0", "serve"]
-    assert cells[16:30] == ["0.500", "96.0", "770.0", "400.0", "30.0", "23.5", "0.5", "100.0", "0.0", "1420.0",
-                            f"{1420 / 2288:.3f}", "embeddings fp16/fp16, DDP hook bf16", "70,000", "10000.0"]
+    # (off has no off-rank count and no wire: n/a; serve's wire was read beside its program's count)
+    assert cells[:19] == ["off", "0.000", "176.0", "1408.0", "704.0", "n/a", "n/a", "n/a", "n/a", "n/a", "2288.0",
+                          "1.000", "n/a", "n/a", "n/a", "n/a", "n/a", "14000.0", "serve"]
+    assert cells[19:36] == ["0.500", "96.0", "770.0", "400.0", "30.0", "23.5", "0.5", "100.0", "0.0", "1420.0",
+                            f"{1420 / 2288:.3f}", "760.0", "775.2", "1.020", "embeddings fp16/fp16, DDP hook bf16",
+                            "70,000", "10000.0"]
     turnover = out["html"][out["html"].index('id="turnover-table"'):].split("</table>")[0]
     assert [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", turnover)] == [
         "serve", "300", "72,000", "34,000", "8,000"]

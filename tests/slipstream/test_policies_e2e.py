@@ -150,11 +150,16 @@ def test_serve_trains_every_sample_and_sends_fewer_embedding_bytes(runs):
     for kind in ("output", "gradient"):
         assert mine[kind] == pytest.approx(base[kind] * s["slots_fraction"], rel=0.002), kind
     assert mine["input"] < base["input"]
-    # what leaves each of the 2 ranks: half of each all-to-all, the ring all-reduce's buffer once,
-    # the pushes as counted (only what went to the other rank), the replica's slice once
-    off_rank = s["off_rank_bytes_per_sample"]
-    for kind in ("input", "output", "gradient"):
-        assert off_rank[kind] == pytest.approx(mine[kind] / 2, abs=0.002), kind
+    # what leaves each of the 2 ranks (one node, gloo): half of each all-to-all, the row-wise
+    # shardings' whole buffer (gloo's reduce-scatter sends 2(W-1)/W of it, the all-gather back
+    # the rank's slice to the other), the ring all-reduce's buffer once, the pushes as counted
+    # (only what went to the other rank), the replica's slice once
+    off_rank, rw = s["off_rank_bytes_per_sample"], s["row_wise_bytes_per_sample"]
+    assert off_rank["input"] == pytest.approx(mine["input"] / 2, abs=0.002)
+    for kind in ("output", "gradient"):
+        part = rw[f"{kind}/row_wise"] + rw[f"{kind}/table_row_wise"]
+        assert 0 <= part <= mine[kind] + 0.002, kind
+        assert off_rank[kind] == pytest.approx((mine[kind] - part) / 2 + part, abs=0.004), kind
     for kind in ("push", "replica", "dense"):
         assert off_rank[kind] == pytest.approx(mine[kind], abs=0.002), kind
     # the embedding all-to-alls plus the pushes (what "total" meant before every kind was counted)
