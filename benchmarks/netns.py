@@ -55,6 +55,13 @@ def rate_bits(rate: str) -> Optional[float]:
     return float(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 
 
+def tbf_burst_bytes(bits: float) -> int:
+    """The token bucket each shaped link gets: 10 ms of the rate, at least 256 KiB (tbf needs
+    burst >= rate / HZ). A link that sat idle that long sends that much at the veth's own speed,
+    which a real NIC does not: the step-time model counts it (benchmarks/step_model.py)."""
+    return max(256 * 1024, int(bits / 8 / 100))
+
+
 @dataclass
 class Node:
     ns: str  # namespace
@@ -121,8 +128,7 @@ class Cluster:
             subprocess.run([*tc, "del", "dev", node.dev, "root"], capture_output=True)  # none yet: fine
             if bits is None:
                 continue
-            # the bucket holds 10 ms of the rate (at least 256 kB): tbf needs burst >= rate / HZ
-            burst = max(256 * 1024, int(bits / 8 / 100))
+            burst = tbf_burst_bytes(bits)
             out = subprocess.run([*tc, "add", "dev", node.dev, "root", "tbf", "rate", rate, "burst", str(burst),
                                   "latency", "100ms"], capture_output=True, text=True)  # fmt: skip
             if out.returncode != 0:

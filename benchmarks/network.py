@@ -187,6 +187,9 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
         # what the levers chose and why (ours only): precision, serving's decisions, downsampling
         "precision": res.get("precision"), "serve_lever": res.get("serve_lever"),
         "served_fraction": res.get("served_fraction"),
+        # what the step-time model reads (benchmarks/step_model.py)
+        "steps": res.get("steps"), "world_size": res.get("world_size"), "slots_fraction": res.get("slots_fraction"),
+        "row_wise_bytes_per_sample": res.get("row_wise_bytes_per_sample"), "replica": res.get("replica"),
         "negative_downsampling_rate": (res.get("negative_downsampling") or {}).get("rate"),
         "time_breakdown_rank0": res.get("time_breakdown_rank0"),
     }  # fmt: skip
