@@ -80,7 +80,10 @@ def exposed_seconds(name: str, phase: Phase, fabric: Fabric, compute_s: float) -
     """Seconds per step the phase adds to the step."""
     if phase.intra <= 0 and phase.cross <= 0:
         return 0.0
-    cross = max(0.0, phase.cross - fabric.burst_bytes) / fabric.cross_bytes_per_s
+    # the bucket refills only while the link idles: at most the rate times the compute before the
+    # phase (the step's compute taken as split evenly before its two waited-for phases)
+    credit = min(fabric.burst_bytes, fabric.cross_bytes_per_s * compute_s / 2)
+    cross = max(0.0, phase.cross - credit) / fabric.cross_bytes_per_s
     intra = phase.intra / fabric.intra_bytes_per_s if phase.intra > 0 else 0.0
     t = max(cross, intra) + COLLECTIVES[name] * fabric.latency_s
     if name == "input":  # behind this step's compute (the pipeline's next input dist)
@@ -89,11 +92,19 @@ def exposed_seconds(name: str, phase: Phase, fabric: Fabric, compute_s: float) -
 
 
 def step_seconds(compute_s: float, phases: Dict[str, Phase], fabric: Fabric) -> Dict[str, float]:
-    """The step and what each phase adds to it."""
+    """The step and what each phase adds to it. However well the phases hide behind the compute,
+    a step cannot be shorter than its bytes at the link's rate (over a step a token bucket gives
+    no more than its rate either): ``link_bound`` is what that floor adds."""
     out = {"compute": compute_s}
     for name in PHASES:
         out[name] = exposed_seconds(name, phases.get(name, Phase()), fabric, compute_s)
-    out["total"] = sum(out.values())
+    phased = sum(out.values())
+    floor = max(
+        sum(p.cross / p.every for p in phases.values()) / fabric.cross_bytes_per_s,
+        sum(p.intra / p.every for p in phases.values()) / fabric.intra_bytes_per_s,
+    )  # fmt: skip
+    out["link_bound"] = max(0.0, floor - phased)
+    out["total"] = phased + out["link_bound"]
     return out
 
 
@@ -132,14 +143,15 @@ def check(runs: List[Dict[str, Any]], nodes: int) -> List[Dict[str, Any]]:
     for run in runs:
         if run["rate"] == "none":
             continue
-        base = [r for r in runs if r["job"] == run["job"] and r["rate"] == "none" and r["seed"] == run["seed"]]
+        base = [r for r in runs if r["job"] == run["job"] and r["rate"] == "none" and r["seed"] == run["seed"]
+                and r.get("file") == run.get("file")]  # the same base configuration
         if not base:
             continue
         compute = base[0]["train_seconds"] / base[0]["steps"]
         parts = step_seconds(compute, run_phases(run), emulated_fabric(run["rate"], nodes))
         measured = run["train_seconds"] / run["steps"]
         rows.append({
-            "job": run["job"], "nodes": nodes, "rate": run["rate"], "seed": run["seed"],
+            "job": run["job"], "nodes": nodes, "rate": run["rate"], "seed": run["seed"], "file": run.get("file"),
             "unshaped_ms": round(compute * 1e3, 2), "measured_ms": round(measured * 1e3, 2),
             "predicted_ms": round(parts["total"] * 1e3, 2), "error": round(parts["total"] / measured - 1, 4),
             "phases_ms": {k: round(v * 1e3, 2) for k, v in parts.items()},
@@ -301,10 +313,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if args.cmd == "check":
         rows = [row for n in sorted({r["nodes"] for r in runs}) for row in check([r for r in runs if r["nodes"] == n], n)]
-        print(f"{'job':<10} {'nodes':>5} {'rate':<8} {'unshaped ms':>11} {'measured':>9} {'predicted':>9} {'error':>7}")
+        print(f"{'results':<34} {'job':<8} {'nodes':>5} {'rate':<8} {'unshaped ms':>11} {'measured':>9} "
+              f"{'predicted':>9} {'error':>7}")  # fmt: skip
         for r in rows:
-            print(f"{r['job']:<10} {r['nodes']:>5} {r['rate']:<8} {r['unshaped_ms']:>11.1f} {r['measured_ms']:>9.1f} "
-                  f"{r['predicted_ms']:>9.1f} {r['error']:>+7.1%}")  # fmt: skip
+            print(f"{Path(r['file']).stem:<34} {r['job']:<8} {r['nodes']:>5} {r['rate']:<8} {r['unshaped_ms']:>11.1f} "
+                  f"{r['measured_ms']:>9.1f} {r['predicted_ms']:>9.1f} {r['error']:>+7.1%}")  # fmt: skip
         if rows:
             print(f"mean |error| {statistics.mean(abs(r['error']) for r in rows):.1%} over {len(rows)} runs")
         result: Any = {"command": " ".join(sys.argv), "rows": rows}

@@ -31,16 +31,32 @@ def test_each_phase_adds_its_bytes_over_the_link_and_a_latency_per_collective():
     assert exposed_seconds("forward", Phase(), LINK, 0.0) == 0.0  # nothing sent, no latency
 
 
-def test_a_token_bucket_sends_its_credit_free_and_nvlink_runs_beside_the_nic():
+def test_a_token_bucket_sends_what_it_refilled_free_and_nvlink_runs_beside_the_nic():
     bucket = Fabric("tbf", 2, 1, 1e9, float("inf"), 0.0, burst_bytes=0.5 * MB)
-    assert exposed_seconds("forward", Phase(cross=2 * MB), bucket, 0.0) == pytest.approx(1.5e-3)
-    assert exposed_seconds("forward", Phase(cross=0.4 * MB), bucket, 0.0) == 0.0
+    # 10 ms of compute refill far more than the bucket holds: its 0.5 MB go free
+    assert exposed_seconds("forward", Phase(cross=2 * MB), bucket, 0.01) == pytest.approx(1.5e-3)
+    assert exposed_seconds("forward", Phase(cross=0.4 * MB), bucket, 0.01) == 0.0
+    # 0.4 ms of compute, half of it before this phase: 0.2 MB refilled
+    assert exposed_seconds("forward", Phase(cross=2 * MB), bucket, 0.4e-3) == pytest.approx(1.8e-3)
     node = Fabric("node", 2, 8, 1e9, 100e9, 0.0)
     # the longer of the two: 1 ms across, 0.5 ms within
     assert exposed_seconds("forward", Phase(intra=50 * MB, cross=1 * MB), node, 0.0) == pytest.approx(1e-3)
     parts = step_seconds(0.02, {"forward": Phase(cross=2 * MB), "backward": Phase(cross=1 * MB)}, LINK)
     assert parts["total"] == pytest.approx(0.02 + 2.01e-3 + 1.02e-3)
-    assert parts["input"] == parts["serve"] == parts["control"] == 0.0
+    assert parts["input"] == parts["serve"] == parts["control"] == parts["link_bound"] == 0.0
+
+
+def test_no_step_is_shorter_than_its_bytes_at_the_link_s_rate():
+    # 5 MB of ids hidden behind 2 ms of compute would take 5 ms on the wire: the link sets the step
+    phases = {"input": Phase(cross=5 * MB), "forward": Phase(cross=1 * MB)}
+    parts = step_seconds(2e-3, phases, LINK)
+    assert parts["input"] == pytest.approx(5.01e-3 - 2e-3)
+    assert parts["total"] == pytest.approx(max(2e-3 + 3.01e-3 + 1.01e-3, 6e-3))
+    # serve's bytes count at their occurrence rate
+    sparse = step_seconds(0.05, {"serve": Phase(cross=100 * MB, every=10)}, LINK)
+    assert sparse["total"] == pytest.approx(0.05 + (0.1 + 20e-6) / 10)
+    dense = step_seconds(0.0, {"serve": Phase(cross=100 * MB, every=10)}, LINK)
+    assert dense["total"] == pytest.approx(0.01 + 2e-6) and dense["link_bound"] == pytest.approx(0.0)
 
 
 def test_the_emulated_link_s_bucket_is_the_one_netns_gives_tc():
@@ -71,13 +87,19 @@ def test_a_run_s_phases_are_its_off_rank_bytes_per_rank_with_its_headers():
 
 
 def test_check_predicts_a_shaped_run_from_its_unshaped_twin():
-    runs = [_run("off", "none", 2.0, OFF), _run("off", "200mbit", 3.0, OFF)]
+    runs = [_run("off", "none", 2.0, OFF), _run("off", "200mbit", 3.0, OFF),
+            dict(_run("off", "none", 9.0, OFF), file="another configuration")]  # not its twin
     (row,) = check(runs, nodes=2)
-    # compute 20 ms; 200 Mbit/s = 25 MB/s, bucket 256 KiB per phase; the ids hide behind the compute
-    rate, bucket = 25e6, 256 * 1024
-    forward = (1000 * 1000 - bucket) / rate
-    backward = (800 * 1000 - bucket) / rate
-    assert row["predicted_ms"] == pytest.approx((0.02 + forward + backward) * 1e3, abs=0.01)
+    # compute 20 ms; 200 Mbit/s = 25 MB/s; the bucket (256 KiB) refills by 25 MB/s x 10 ms =
+    # 250 kB before each waited-for phase; the ids hide behind the compute
+    rate, credit = 25e6, min(256 * 1024, 25e6 * 0.01)
+    forward = (1000 * 1000 - credit) / rate
+    backward = (800 * 1000 - credit) / rate
+    phased = 0.02 + forward + backward
+    wire = (100 + 1000 + 800) * 1000 / rate  # every byte of the step at the link's rate
+    assert wire > phased  # here the link sets the step
+    assert row["predicted_ms"] == pytest.approx(wire * 1e3, abs=0.01)
+    assert row["phases_ms"]["link_bound"] == pytest.approx((wire - phased) * 1e3, abs=0.01)
     assert row["measured_ms"] == 30.0 and row["unshaped_ms"] == 20.0
     assert row["error"] == pytest.approx(row["predicted_ms"] / 30.0 - 1, abs=1e-4)
 

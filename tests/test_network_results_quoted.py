@@ -1,0 +1,77 @@
+"""The network results the docs quote equal their results files: the wire over the training steps
+beside the program's count (docs/performance.md) and the step-time model's check (docs/scale.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _rows(doc: str, header_start: str) -> List[List[str]]:
+    lines = (ROOT / doc).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    assert rows, f"{doc}: no rows under {header_start!r}"
+    return rows
+
+
+def _job(cell: str) -> str:
+    return cell.split("(")[0].strip().strip("`").strip()
+
+
+def test_the_wire_table_quotes_its_runs():
+    rows = _rows("docs/performance.md", "| results | nodes | dim | job | wire B / trained sample, training steps")
+    current = None
+    for cells in rows:
+        link = re.search(r"\(\.\./benchmarks/results/([^)]+\.json)\)", cells[0])
+        current = link.group(1) if link else current
+        assert current, cells
+        table = json.loads((RESULTS / current).read_text())["table"]
+        rate = "none" if any(r["rate"] == "none" for r in table) else table[0]["rate"]
+        (row,) = [r for r in table if r["job"] == _job(cells[3]) and r["rate"] == rate]
+        assert int(cells[1]) == len(json.loads((RESULTS / current).read_text())["nodes"])
+        assert float(cells[4]) == round(row["wire_train_bytes_per_sample"]), cells
+        assert float(cells[5]) == round(row["program_off_rank_bytes_per_sample"]["total"]), cells
+        assert float(cells[6]) == round(row["wire_train_over_program"], 3), cells
+        assert float(cells[7]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        # the claim of the paragraph below the table: within 0.3-3.1%
+        assert 1.0 <= row["wire_train_over_program"] <= 1.031
+
+
+def _check_rows() -> Dict[Tuple[int, str, str, str], dict]:
+    doc = json.loads((RESULTS / "step_model_check.json").read_text())
+    out = {}
+    for r in doc["rows"]:
+        dim = re.search(r"dim(\d+)", Path(r["file"]).name).group(1)
+        out[(r["nodes"], dim, r["rate"], r["job"])] = r
+    return out
+
+
+def test_the_step_model_check_quotes_its_results():
+    rows = _rows("docs/scale.md", "| nodes | dim | link | job | unshaped ms / step")
+    mine = _check_rows()
+    assert len(rows) == len(mine)
+    for cells in rows:
+        r = mine[(int(cells[0]), cells[1], cells[2], _job(cells[3]))]
+        assert [float(c) for c in cells[4:7]] == [round(r[k], 1) for k in ("unshaped_ms", "measured_ms", "predicted_ms")]
+        assert cells[7] == f"{r['error']:+.1%}"
+    errors = [abs(r["error"]) for r in mine.values()]
+    text = (ROOT / "docs/scale.md").read_text()
+    assert f"|error| {sum(errors) / len(errors):.1%} over {len(errors)} runs" in text
+    assert f"within 10% on {sum(e <= 0.10 for e in errors)}" in text
+
+
+@pytest.mark.parametrize("name", ["step_model_check.json"])
+def test_the_model_s_results_hold_their_command(name):
+    assert "step_model.py check" in json.loads((RESULTS / name).read_text())["command"]
