@@ -329,12 +329,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"step_model: no {args.reference!r} run at {rate} in the results (--reference, --rate)", file=sys.stderr)
             return 2
         workloads = [Workload.from_run(r) for r in mine]
-        workloads.append(Workload.from_run(ref, name=f"{args.reference}+qcomms", qcomms=True))
+        # each job with TorchRec's quantized comms and the fp16 DDP hook on top (what they compose to)
+        workloads += [Workload.from_run(r, name=f"{r['job']}+qcomms", qcomms=True) for r in mine]
         rows = predict(workloads, FABRICS, args.reference)
-        print(f"{'fabric':<46} {'job':<12} {'comm ms':>8} {'share':>6} {'compute ms':>10} {'step ms':>8} {'speed-up':>8}")
+        print(f"{'fabric':<46} {'job':<16} {'comm ms':>8} {'share':>6} {'compute ms':>10} {'step ms':>8} {'speed-up':>8}")
         for r in rows:
             sp = r.get(f"speedup_vs_{args.reference}")
-            print(f"{r['fabric']:<46} {r['job']:<12} {r['comm_ms']:>8.3f} {_f(r['published_share'], '.0%', 6)} "
+            print(f"{r['fabric']:<46} {r['job']:<16} {r['comm_ms']:>8.3f} {_f(r['published_share'], '.0%', 6)} "
                   f"{_f(r['compute_ms'], '.3f', 10)} {_f(r['step_ms'], '.3f', 8)} {_f(sp, '.2f', 7)}x")  # fmt: skip
         result = {"command": " ".join(sys.argv), "rate": rate, "rows": rows,
                   "workloads": [w.__dict__ for w in workloads]}  # fmt: skip

@@ -54,7 +54,6 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel  # noqa:
 from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry  # noqa: E402
 from torchrec.distributed.test_utils import test_model_parallel as suite  # noqa: E402
 from torchrec.distributed.test_utils.test_sharding import SharderType  # noqa: E402
-from torchrec.modules.embedding_configs import PoolingType  # noqa: E402
 from torchrec.types import DataType  # noqa: E402
 
 from slipstream_rec.sharding.sharder import SlipstreamEmbeddingBagCollectionSharder  # noqa: E402
@@ -75,6 +74,14 @@ class OneTypeSlipstreamSharder(SlipstreamEmbeddingBagCollectionSharder):
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         return [self._kernel_type]
 
+    def shard(self, *args: Any, **kwargs: Any) -> Any:
+        module = super().shard(*args, **kwargs)
+        SHARDED.append(type(module).__name__)
+        return module
+
+
+SHARDED: List[str] = []  # the sharded modules our sharder built, in this process
+
 
 def create_our_sharder(sharder_type: str, sharding_type: str, kernel_type: str,
                        fused_params: Optional[Dict[str, Any]] = None, qcomms_config: Optional[QCommsConfig] = None,
@@ -87,10 +94,22 @@ def create_our_sharder(sharder_type: str, sharding_type: str, kernel_type: str,
     return OneTypeSlipstreamSharder(sharding_type, kernel_type, fused, registry)
 
 
+def run_one_rank(**kwargs: Any) -> None:
+    """TorchRec's per-rank test body, reached through this module so that each spawned rank
+    imports the stand-in above before TorchRec's ``test_sharding``."""
+    from torchrec.distributed.test_utils.test_sharding import sharding_single_rank_test
+
+    SHARDED.clear()
+    sharding_single_rank_test(**kwargs)
+    # TestSparseNN's two EBCs (unweighted and weighted) were sharded by ours
+    assert SHARDED.count("SlipstreamShardedEBC") >= 2, SHARDED
+
+
 class OurSharderOnGloo(suite._ModelParallelBase):
     """TorchRec's model-parallel tests, gloo backend, every EBC sharded by ours."""
 
     backend = "gloo"
+    __test__ = False  # collected through its subclass (the sweep) and the examples below
 
     def setUp(self) -> None:
         super().setUp()
@@ -98,10 +117,16 @@ class OurSharderOnGloo(suite._ModelParallelBase):
         suite.create_test_sharder = create_our_sharder
         self.addCleanup(setattr, suite, "create_test_sharder", original)
 
+    def _test_sharding(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("test_callable", run_one_rank)
+        super()._test_sharding(*args, **kwargs)
+
 
 @pytest.mark.slow
 class TestTorchRecsSweepOnOurSharder(OurSharderOnGloo):
     """Every example hypothesis draws for each of TorchRec's tests (its own settings)."""
+
+    __test__ = True
 
 
 EBC = SharderType.EMBEDDING_BAG_COLLECTION.value
@@ -112,19 +137,19 @@ QCOMMS = QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommTy
 @pytest.mark.parametrize(
     "test, example",
     [
-        ("test_sharding_tw", dict(sharder_type=EBC, kernel_type=FUSED, qcomms_config=None,
-                                  apply_optimizer_in_backward_config=None, variable_batch_size=False,
-                                  pooling=PoolingType.SUM, data_type=DataType.FP32)),
         ("test_sharding_tw", dict(sharder_type=EBC, kernel_type=FUSED, qcomms_config=QCOMMS,
                                   apply_optimizer_in_backward_config=None, variable_batch_size=False,
-                                  pooling=PoolingType.MEAN, data_type=DataType.FP32)),
+                                  data_type=DataType.FP32)),
+        ("test_sharding_tw", dict(sharder_type=EBC, kernel_type=FUSED, qcomms_config=QCOMMS,
+                                  apply_optimizer_in_backward_config=None, variable_batch_size=True,
+                                  data_type=DataType.FP32)),
         ("test_sharding_cw", dict(sharder_type=EBC, kernel_type=FUSED, qcomms_config=None,
                                   apply_optimizer_in_backward_config=None, variable_batch_size=False,
                                   data_type=DataType.FP32, allow_zero_batch_size=False)),
         ("test_sharding_dp", dict(sharder_type=EBC, kernel_type=EmbeddingComputeKernel.DENSE.value,
                                   apply_optimizer_in_backward_config=None, data_type=DataType.FP32)),
     ],
-    ids=["table_wise", "table_wise_qcomms_mean", "column_wise", "data_parallel"],
+    ids=["table_wise_qcomms", "table_wise_qcomms_variable_batch", "column_wise", "data_parallel"],
 )
 def test_one_example_of_torchrecs_test_on_our_sharder(test, example):
     case = OurSharderOnGloo(test)
