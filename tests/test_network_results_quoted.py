@@ -75,3 +75,17 @@ def test_the_step_model_check_quotes_its_results():
 @pytest.mark.parametrize("name", ["step_model_check.json"])
 def test_the_model_s_results_hold_their_command(name):
     assert "step_model.py check" in json.loads((RESULTS / name).read_text())["command"]
+
+
+def test_the_step_model_predictions_quote_their_results():
+    rows = _rows("docs/scale.md", "| fabric | job | exposed communication ms / step")
+    doc = json.loads((RESULTS / "step_model_predictions.json").read_text())
+    mine = {(r["fabric"], r["job"]): r for r in doc["rows"]}
+    assert len(rows) == len(mine)
+    for cells in rows:
+        r = mine[(cells[0], cells[1].strip("`"))]
+        assert [float(c) for c in cells[2:5]] == [round(r[k], 3) for k in ("comm_ms", "compute_ms", "step_ms")]
+        assert cells[5] == f"{r['speedup_vs_off']:.2f}x"
+        # the compute was set so that off's exposed communication is the published share
+        if r["job"] == "off":
+            assert r["comm_ms"] / r["step_ms"] == pytest.approx(r["published_share"], abs=1e-3)
