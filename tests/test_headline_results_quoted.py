@@ -15,20 +15,15 @@ import statistics
 from pathlib import Path
 from typing import Dict, List
 
+from tests._markdown import table_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = re.compile(r"[-+]?\d+\.\d+")
 RESULTS = json.loads((ROOT / "benchmarks" / "results" / "headline_levers.json").read_text())["results"]
 
 
 def _rows(doc: str, header: str) -> List[List[str]]:
-    lines = (ROOT / doc).read_text().splitlines()
-    i = next(n for n, line in enumerate(lines) if line.startswith(header))
-    out = []
-    for row in lines[i + 2 :]:
-        if not row.startswith("|"):
-            break
-        out.append([c.strip() for c in row.strip("|").split("|")])
-    return out
+    return table_rows(doc, header)
 
 
 def _dataset(cell: str) -> str:

@@ -10,18 +10,14 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from tests._markdown import table_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _rows(doc: str, header_start: str) -> List[List[str]]:
-    lines = (ROOT / doc).read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    rows = table_rows(doc, header_start)
     assert rows, f"{doc}: no rows under {header_start!r}"
     return rows
 
