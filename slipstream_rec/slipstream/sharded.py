@@ -15,7 +15,6 @@ In every case the id in the KJT is the row index into the local shard's weights.
 from __future__ import annotations
 
 import functools
-
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
