@@ -287,7 +287,8 @@ def figure(summary: Dict[str, Any], rates: List[str], path: Path) -> None:
     plt.close(fig)
 
 
-def _fmt(v: Optional[float], spec: str, width: int) -> str:
+def fmt_cell(v: Optional[float], spec: str, width: int) -> str:
+    """A table cell: ``v`` in ``spec``, right-aligned to ``width``; blank for None."""
     return f"{'' if v is None else format(v, spec):>{width}}"
 
 
@@ -304,9 +305,9 @@ def print_table(summary: Dict[str, Any], pair_with: str) -> None:
         print(f"{row['job']:<16} {row['rate']:<8} {row['train_seconds']:>8.1f} {row['samples_per_second']:>10.0f} "
               f"{row['wire_bytes_per_sample']:>10.0f} {'' if prog is None else f'{prog:.0f}':>12} "
               f"{'' if off_total is None else f'{off_total:.0f}':>13} "
-              f"{'' if emb is None else f'{emb:.0f}':>10} {_fmt(row.get('wire_train_bytes_per_sample'), '.0f', 10)} "
-              f"{_fmt(row.get('wire_train_over_program'), '.3f', 8)} "
-              f"{_fmt(row.get('wire_train_minus_dense_bytes_per_sample'), '.0f', 10)} "
+              f"{'' if emb is None else f'{emb:.0f}':>10} {fmt_cell(row.get('wire_train_bytes_per_sample'), '.0f', 10)} "
+              f"{fmt_cell(row.get('wire_train_over_program'), '.3f', 8)} "
+              f"{fmt_cell(row.get('wire_train_minus_dense_bytes_per_sample'), '.0f', 10)} "
               f"{'' if auc is None else f'{auc:.4f}':>9} {'' if paired is None else f'{paired:+.4f}':>8}")  # fmt: skip
     for rate, s in summary["communication_share"]["by_rate"].items():
         print(f"{pair_with}'s communication share at {rate}: {s:.1%} (1 - unshaped time / shaped time)")

@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import netns  # noqa: E402
+from benchmarks.network import fmt_cell  # noqa: E402
 
 PHASES = ("input", "forward", "backward", "serve", "control")
 PHASE_OF = {"input": "input", "output": "forward", "gradient": "backward", "dense": "backward",
@@ -274,10 +275,6 @@ def predict(workloads: List["Workload"], fabrics: List[Fabric], reference: str) 
     return rows
 
 
-def _f(v: Optional[float], spec: str, width: int) -> str:
-    return f"{'' if v is None else format(v, spec):>{width}}"
-
-
 def _load(paths: List[str]) -> List[Dict[str, Any]]:
     out = []
     for p in paths:
@@ -335,8 +332,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{'fabric':<46} {'job':<16} {'comm ms':>8} {'share':>6} {'compute ms':>10} {'step ms':>8} {'speed-up':>8}")
         for r in rows:
             sp = r.get(f"speedup_vs_{args.reference}")
-            print(f"{r['fabric']:<46} {r['job']:<16} {r['comm_ms']:>8.3f} {_f(r['published_share'], '.0%', 6)} "
-                  f"{_f(r['compute_ms'], '.3f', 10)} {_f(r['step_ms'], '.3f', 8)} {_f(sp, '.2f', 7)}x")  # fmt: skip
+            print(f"{r['fabric']:<46} {r['job']:<16} {r['comm_ms']:>8.3f} {fmt_cell(r['published_share'], '.0%', 6)} "
+                  f"{fmt_cell(r['compute_ms'], '.3f', 10)} {fmt_cell(r['step_ms'], '.3f', 8)} {fmt_cell(sp, '.2f', 7)}x")  # fmt: skip
         result = {"command": " ".join(sys.argv), "rate": rate, "rows": rows,
                   "workloads": [w.__dict__ for w in workloads]}  # fmt: skip
     if args.out:

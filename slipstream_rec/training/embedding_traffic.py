@@ -30,7 +30,6 @@ the first sharded module's ``a2a_bytes`` beside its own, so a checkpoint carries
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, MutableMapping
 
 import torch
@@ -61,8 +60,7 @@ def local_a2a_bytes(model: nn.Module, controller: Any = None) -> Dict[str, int]:
     controller (its server's replica); without it, it is 0."""
     totals = {k: 0 for k in A2A_KINDS}
     for m in _modules(model):
-        registry = m.qcomm_codecs_registry
-        factor = {"output": wire_factor(registry, "forward"), "gradient": wire_factor(registry, "backward")}
+        factor = _codec_rates(m)
         for k in A2A_KINDS:
             totals[k] += int(round(m.a2a_bytes.get(k, 0) * factor.get(k, 1.0)))
     server = getattr(controller, "server", None)
@@ -76,11 +74,16 @@ def local_split_bytes(model: nn.Module) -> Dict[str, int]:
     and all-gathers carried (``SPLIT_COUNTS``), at the codec's rate like theirs (local)."""
     totals = {k: 0 for k in SPLIT_COUNTS}
     for m in _modules(model):
-        registry = m.qcomm_codecs_registry
-        factor = {"output": wire_factor(registry, "forward"), "gradient": wire_factor(registry, "backward")}
+        factor = _codec_rates(m)
         for k in SPLIT_COUNTS:
             totals[k] += int(round(m.a2a_bytes.get(k, 0) * factor[k.split("/")[0]]))
     return totals
+
+
+def _codec_rates(m: SlipstreamShardedEBC) -> Dict[str, float]:
+    """What the quantized comms' codec puts on the wire per fp32 byte the meter counted."""
+    registry = m.qcomm_codecs_registry
+    return {"output": wire_factor(registry, "forward"), "gradient": wire_factor(registry, "backward")}
 
 
 def off_rank_factors(world: int) -> Dict[str, float]:
@@ -154,8 +157,12 @@ def per_sample(totals: Dict[str, float], samples: float) -> Dict[str, float]:
     return {k: round(v, 3) for k, v in out.items()}
 
 
-def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained: int) -> Dict[str, Any]:
+def embedding_traffic_summary(
+    model: nn.Module, controller: Any, samples_trained: int, local_world_size: int
+) -> Dict[str, Any]:
     """The summary's traffic and serving fields. Collective: all ranks enter one SUM all-reduce.
+    ``local_world_size``: the ranks on this node (``DistEnv``), which the off-rank rates of the
+    table-row-wise shardings depend on.
 
     Bytes per sample: every rank's sends summed, over the samples all ranks trained: a rank's
     mean sends per sample it trained. ``served_fraction``: lookups answered from the replica over
@@ -180,22 +187,20 @@ def embedding_traffic_summary(model: nn.Module, controller: Any, samples_trained
     per_feature = [plan.feature_lookups or [0] * features, plan.feature_served or [0] * features]
     assert all(len(x) == features for x in per_feature), "one count per feature"
     split = local_split_bytes(model)
-    values = [float(a2a[k]) for k in A2A_KINDS] + [float(split[k]) for k in SPLIT_COUNTS] + [
+    values = [float(a2a[k]) for k in A2A_KINDS] + [
         float(c["samples_served"]), float(c["lookups_served"]), float(c["lookups_split"]),
         float(c["slots_sent"]), float(c["bags_split"]), rows["rows"] / max(1, rows["steps"]),
-    ] + [float(x) for x in per_feature[0] + per_feature[1]]  # fmt: skip
+    ] + [float(x) for x in per_feature[0] + per_feature[1]] + [float(split[k]) for k in SPLIT_COUNTS]  # fmt: skip
     total = all_reduce_(torch.tensor(values, dtype=torch.float64)).tolist()  # all ranks
     n = len(A2A_KINDS)
     sums = dict(zip(A2A_KINDS, total[:n]))
-    split_sums = dict(zip(SPLIT_COUNTS, total[n : n + len(SPLIT_COUNTS)]))
-    total = total[:n] + total[n + len(SPLIT_COUNTS) :]
     served, lookups_served, lookups, slots, bags, rows_per_step = total[n : n + 6]
-    seen, hit = total[n + 6 : n + 6 + features], total[n + 6 + features :]
+    seen, hit = total[n + 6 : n + 6 + features], total[n + 6 + features : n + 6 + 2 * features]
+    split_sums = dict(zip(SPLIT_COUNTS, total[n + 6 + 2 * features :]))
     sync = sums["replica"]
     world = dist.get_world_size() if dist.is_initialized() else 1
     backend = str(dist.get_backend()) if dist.is_initialized() else "gloo"
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun's ranks on this node
-    off_rank = off_rank_bytes(sums, split_sums, world, local, backend)
+    off_rank = off_rank_bytes(sums, split_sums, world, local_world_size, backend)
     return {
         "a2a_bytes_per_sample": per_sample(sums, samples_trained),
         # the same counts less what stays on each rank, at each collective's rate: what the

@@ -615,7 +615,9 @@ class Trainer:
             torch.tensor([self.slipstream.peak_state_bytes()], dtype=torch.int64), dist.ReduceOp.MAX
         )
         cache = embedding_cache_summary(self.model, self.env.device)  # all ranks
-        traffic = embedding_traffic_summary(self.model, self.slipstream, st.samples_trained)  # all ranks
+        traffic = embedding_traffic_summary(  # all ranks
+            self.model, self.slipstream, st.samples_trained, self.env.local_world_size
+        )
         slip = self.slipstream.state_record(with_tables=True)
         return {
             "steps": st.step,

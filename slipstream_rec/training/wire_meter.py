@@ -112,13 +112,10 @@ class WireMeter:
         beside the wire's). The two cover the same steps unless the run resumed (the program's
         count is the whole run's, the meter's this attempt's).
         """
-        was = self.running
-        self.pause()
-        values = torch.tensor([float(self.tx_bytes), float(self.reads)], dtype=torch.float64)
-        all_reduce_(values)  # all ranks, once, at the end of training (gloo's side group under nccl)
+        with self.paused():  # the bytes so far, the collective's own left out
+            values = torch.tensor([float(self.tx_bytes), float(self.reads)], dtype=torch.float64)
+            all_reduce_(values)  # all ranks, once, at the end of training (gloo's side group under nccl)
         tx, readers = values.tolist()
-        if was:
-            self.resume()
         if not readers:
             return {"interfaces": None, "reason": "no interface to read (trainer.wire_interface; one node has no wire)"}
         samples = self.steps * samples_per_step
