@@ -43,31 +43,25 @@ class Served:
     (slipstream/serving.py). A bag's pooled embedding is the sum of its replica part (``pooled``)
     and its sharded part (the bag's lookups outside the replica, sent through the shards).
 
-    Before the ranks agree on the sharded size (annotated): ``local`` marks the lookups in the
-    replica and ``gather`` is None. After the split: the batch's ``sparse_features`` hold only the
-    other lookups, each feature's bags packed into the first slots of S (the agreed size), and
-    ``gather`` says where each bag's sharded part is in the sharded output; ``local`` is None.
+    Before the ranks agree on the sharded sizes (annotated): ``local`` marks the lookups in the
+    replica. After the split: the batch's ``sparse_features`` hold only the other lookups, each
+    feature's bags that keep one packed into its first slots, a variable-batch KJT whose inverse
+    indices put every bag's sharded part back in its sample's place; ``local`` is None.
     """
 
     pooled: torch.Tensor  # (F, B, D) float32, the KJT's bag order: each bag's replica rows summed (0: none)
     rows: ServedRows  # the rows those lookups hit
     # (lookups,) bool, KJT value order: the lookup is a replica row. Host; None once split.
     local: Optional[torch.Tensor] = None
-    # (B * F,) int64, sample-major: bag (b, f)'s row in the sharded output viewed as (S * F, D),
-    # slot * F + f; S * F (a row of zeros) for a bag with no sharded lookup. None until split.
-    gather: Optional[torch.Tensor] = None
 
     def _map(self, fn, rows_fn) -> "Served":  # type: ignore[no-untyped-def]
         return Served(
             pooled=fn(self.pooled), rows=rows_fn(self.rows), local=self.local,  # local: host bookkeeping
-            gather=None if self.gather is None else fn(self.gather),
         )  # fmt: skip
 
     def record_stream(self, stream: torch.Stream) -> None:
         self.pooled.record_stream(stream)
         self.rows.record_stream(stream)
-        if self.gather is not None:
-            self.gather.record_stream(stream)
 
 
 @dataclass
@@ -97,10 +91,13 @@ class Batch(TorchRecBatch):
         return int(self.labels.shape[0])
 
     @property
-    def sharded_size(self) -> int:
-        """Slots per feature sent through the sharded embeddings (the batch size unless split
-        for serving)."""
-        return int(self.sparse_features.stride())
+    def sharded_sizes(self) -> list[int]:
+        """Slots of each feature sent through the sharded embeddings (the batch size each,
+        unless split for serving)."""
+        kjt = self.sparse_features
+        if kjt.variable_stride_per_key():
+            return [int(s) for s in kjt.stride_per_key()]
+        return [int(kjt.stride())] * len(kjt.keys())
 
     def _map(self, fn, rows_fn) -> "Batch":  # type: ignore[no-untyped-def]
         return Batch(
@@ -149,6 +146,31 @@ def host_kjt(
     return KeyedJaggedTensor(
         keys=keys, values=values, lengths=lengths, weights=weights, stride=stride,
         length_per_key=[int(n) for n in per_key], offset_per_key=offsets,
+    )  # fmt: skip
+
+
+def host_vbe_kjt(
+    keys: list[str],
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    strides: list[int],
+    inverse: torch.Tensor,
+    weights: Optional[torch.Tensor] = None,
+) -> KeyedJaggedTensor:
+    """A variable-batch KJT (TorchRec's VBE) of host tensors: feature f has ``strides[f]`` bags
+    (``lengths`` is feature-major, ``sum(strides)`` long) and ``inverse[f, b]`` is the bag of
+    sample b, so the sharded EBC's output has a row per sample again. Lengths and offsets per key
+    are computed here, on the host, as ``host_kjt``'s."""
+    assert lengths.device.type == "cpu", "host_vbe_kjt takes host lengths"
+    assert inverse.dim() == 2 and inverse.shape[0] == len(keys), "one row of inverse indices per key"
+    per_key = [int(part.sum()) for part in lengths.split(strides)] if keys else []
+    offsets = [0]
+    for n in per_key:
+        offsets.append(offsets[-1] + n)
+    return KeyedJaggedTensor(
+        keys=keys, values=values, lengths=lengths, weights=weights,
+        stride_per_key_per_rank=[[int(s)] for s in strides], inverse_indices=(list(keys), inverse),
+        length_per_key=per_key, offset_per_key=offsets,
     )  # fmt: skip
 
 

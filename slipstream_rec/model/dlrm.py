@@ -83,20 +83,17 @@ class DLRMTask(nn.Module):
         # TorchRec's DLRM.forward, with the lookups Slipstream serves from its local replica
         # added back to their bags.
         embedded_dense = dlrm.dense_arch(batch.dense_features)
-        embedded_sparse = dlrm.sparse_arch(batch.sparse_features)  # (S, F, D)
+        embedded_sparse = dlrm.sparse_arch(batch.sparse_features)  # (B, F, D)
         if batch.served is not None:
             # Per lookup serving (slipstream/serving.py): each bag is the sum of its sharded part,
-            # found in the compacted sharded output by ``gather`` (a row of zeros where the bag
-            # has no sharded lookup), and its part from the local replica of stale rows.
-            # The replica part is a leaf of its own, so that the gradient its rows owe can be read
-            # after backward and pushed to their shards later (slipstream/push.py).
-            served = batch.served
-            f, d = dlrm.sparse_arch.F, dlrm.sparse_arch.D  # ints: the pipeline traces this code
-            rows = torch.cat([embedded_sparse.reshape(-1, d), embedded_sparse.new_zeros(1, d)])
-            local = served.pooled.detach().to(embedded_sparse.dtype).requires_grad_(self.training)
+            # put back in its sample's row by the variable-batch KJT's inverse indices (zeros
+            # where the bag has no sharded lookup), and its part from the local replica of stale
+            # rows. The replica part is a leaf of its own, so that the gradient its rows owe can
+            # be read after backward and pushed to their shards later (slipstream/push.py).
+            local = batch.served.pooled.detach().to(embedded_sparse.dtype).requires_grad_(self.training)
             if self.training:
-                self.served = (served.rows, local)
-            embedded_sparse = rows.index_select(0, served.gather).view(-1, f, d) + local.transpose(0, 1)
+                self.served = (batch.served.rows, local)
+            embedded_sparse = embedded_sparse + local.transpose(0, 1)
         concatenated = dlrm.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
         logits = dlrm.over_arch(concatenated).squeeze(-1)
         per_sample = nn.functional.binary_cross_entropy_with_logits(

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from slipstream_rec.data.types import Batch, Served, ServedRows, host_kjt
+from slipstream_rec.data.types import Batch, Served, ServedRows, host_kjt, host_vbe_kjt
 
 __all__ = [
     "select_rows", "slice_rows", "concat_batches", "select_kjt", "concat_kjts", "batch_to_state",
@@ -165,27 +165,35 @@ def batch_to_state(batch: Batch) -> Dict[str, Any]:
 def _served_to_state(served: Served) -> Dict[str, Any]:
     copy = lambda t: None if t is None else t.detach().cpu().clone()  # noqa: E731
     return {
-        "pooled": copy(served.pooled), "local": copy(served.local), "gather": copy(served.gather),
+        "pooled": copy(served.pooled), "local": copy(served.local),
         "rows": {k: copy(t) for k, t in vars(served.rows).items()},
     }  # fmt: skip
 
 
 def _served_from_state(state: Dict[str, Any]) -> Served:
     return Served(
-        pooled=state["pooled"], rows=ServedRows(**state["rows"]), local=state["local"], gather=state["gather"]
+        pooled=state["pooled"], rows=ServedRows(**state["rows"]), local=state["local"]
     )
 
 
 def _kjt_to_state(kjt: KeyedJaggedTensor) -> Dict[str, Any]:
-    return {
+    state = {
         "keys": list(kjt.keys()),
         "values": kjt.values().detach().cpu().clone(),
         "lengths": kjt.lengths().detach().cpu().clone(),
         "stride": int(kjt.stride()),
     }
+    if kjt.variable_stride_per_key():  # a batch split for serving (slipstream/serving.py)
+        state["strides"] = [int(s) for s in kjt.stride_per_key()]
+        state["inverse"] = kjt.inverse_indices()[1].detach().cpu().clone()
+    return state
 
 
 def _kjt_from_state(state: Dict[str, Any]) -> KeyedJaggedTensor:
+    if "strides" in state:
+        return host_vbe_kjt(
+            list(state["keys"]), state["values"], state["lengths"], state["strides"], state["inverse"]
+        )
     return host_kjt(list(state["keys"]), state["values"], state["lengths"], state["stride"])
 
 
@@ -197,6 +205,11 @@ def batch_from_state(state: Dict[str, Any]) -> Batch:
             "serves per lookup and cannot resume it. Fix: start a new run directory"
         )
     served = state.get("served")
+    if served is not None and served.get("gather") is not None:
+        raise ValueError(
+            "the checkpoint holds a batch split with one size for all features; this version "
+            "sizes each feature on its own and cannot resume it. Fix: start a new run directory"
+        )
     return Batch(
         dense_features=state["dense"], sparse_features=_kjt_from_state(state), labels=state["labels"],
         weights=state["weights"], served=None if served is None else _served_from_state(served),

@@ -7,7 +7,7 @@ all ranks stop together, agreeing every step or, from batches built ahead, every
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,11 +30,11 @@ def lockstep(
     between the shards and the local replica the same way on every rank.
 
     Collective: all ranks enter one MIN all-reduce per agreement. Without it, a rank whose stream
-    ran dry first would leave the others waiting in the next all-to-all until the timeout. The
-    same all-reduce carries, negated, the slots per feature each rank needs through the shards
-    (``ServePlan.annotate``: its most bags of one feature with a lookup outside the replica), so
-    every rank learns the sharded size S of each batch (the MAX, at least 1) with no extra
-    collective; without a replica S is the batch size.
+    ran dry first would leave the others waiting in the next all-to-all until the timeout. Under
+    serving the same all-reduce carries, negated, the slots each feature needs through the shards
+    on each rank (``ServePlan.annotate``), so every rank learns each feature's sharded size S_f
+    of each batch (the MAX) with no extra collective; without a replica it carries only the flag
+    and every S_f is the batch size.
 
     ``every`` = 1: one agreement per batch. ``every`` = k > 1 (``batches`` must be a
     ``SkippingStream``): each rank builds its next k batches ahead (``prepare``), the ranks agree
@@ -53,14 +53,15 @@ def lockstep(
     if every > 1 and world > 1:
         yield from _lockstep_ahead(batches, on_drop, every, plan, count)
         return
+    width = plan.width  # sizes agreed per batch: one per feature under serving, else none
     while True:
         batch = next(batches, None)
-        needed = 0 if batch is None else plan.annotate(batch)
+        needed = [0] * width if batch is None else plan.annotate(batch)[:width]
         if world > 1:
-            flag = torch.tensor([0 if batch is None else 1, -needed], dtype=torch.int64)
+            flag = torch.tensor([0 if batch is None else 1] + [-x for x in needed], dtype=torch.int64)
             all_reduce_(flag, dist.ReduceOp.MIN)  # all ranks, every step
             count(flag.numel() * flag.element_size())
-            everyone, sharded = bool(flag[0].item()), -int(flag[1].item())
+            everyone, sharded = bool(flag[0].item()), [-int(x) for x in flag[1:].tolist()]
         else:
             everyone, sharded = batch is not None, needed
         if not everyone:
@@ -68,7 +69,12 @@ def lockstep(
                 on_drop(batch.batch_size)
             return
         assert batch is not None
-        yield plan.split(batch, max(1, sharded))
+        yield plan.split(batch, sharded if width else _whole(batch))
+
+
+def _whole(batch: Batch) -> List[int]:
+    """Every feature's slots when nothing is agreed (no replica): the whole batch."""
+    return [batch.batch_size] * len(batch.sparse_features.keys())
 
 
 def _lockstep_ahead(
@@ -76,25 +82,27 @@ def _lockstep_ahead(
 ) -> Iterator[Batch]:
     """``lockstep`` with one agreement every ``every`` batches (see there)."""
     assert hasattr(stream, "prepare"), "lockstep every k > 1 steps needs a SkippingStream"
+    width = plan.width
     while True:
         if stream.agreed_ahead == 0:
             if stream.agreed_last:  # the previous agreement was the last: every rank stops
                 stream.drop_ready()  # counted by the stream as dropped at the end
                 return
             ready = stream.prepare(every)
-            needed = [plan.annotate(b) for b in stream.ready_batches()[:every]]
-            needed += [0] * (every - len(needed))
-            n = torch.tensor([ready] + [-x for x in needed], dtype=torch.int64)
+            needed = [plan.annotate(b)[:width] for b in stream.ready_batches()[:every]]
+            needed += [[0] * width] * (every - len(needed))
+            n = torch.tensor([ready] + [-x for need in needed for x in need], dtype=torch.int64)
             all_reduce_(n, dist.ReduceOp.MIN)  # all ranks, once every `every` batches
             count(n.numel() * n.element_size())
             agreed = int(n[0].item())
             if agreed == 0:
                 stream.drop_ready()
                 return
+            sizes = [-int(x) for x in n[1:].tolist()]
             stream.agreed_ahead = agreed
-            stream.agreed_shard = [max(1, -int(x)) for x in n[1 : 1 + agreed].tolist()]
+            stream.agreed_shard = [sizes[i * width : (i + 1) * width] for i in range(agreed)]
             stream.agreed_last = int(agreed < every)  # some rank holds no more after these
         batch = next(stream)
         sharded = stream.agreed_shard.pop(0)
         stream.agreed_ahead -= 1  # before the yield: a checkpoint in between sees it handed out
-        yield plan.split(batch, sharded)
+        yield plan.split(batch, sharded if width else _whole(batch))

@@ -53,7 +53,11 @@ class StaleServer:
         # The replica lives on the host, where the data side reads it (replica.py); the served
         # gradients are summed where they are computed.
         self.replica = StaleReplica(index, dim, torch.device("cpu"))
-        self.plan = ServePlan(self.replica)
+        # Data-parallel tables are on every rank, so every rank knows which features they are.
+        replicated = {u.feature for u in units if u.replicated}
+        self.plan = ServePlan(self.replica, [f in replicated for f in index.feature_names])
+        for module in tracker.modules:  # before the first batch: per-feature sizes from the start
+            module.use_variable_batch()
         self.grads = ServedGradients(index, dim, device)
         self.push_seconds = 0.0
         self._counts: List[Counts] = []  # served lookups of counted steps, merged lazily

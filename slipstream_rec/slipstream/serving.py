@@ -8,21 +8,24 @@ gradient of the bag reaches both (the replica part's is pushed to the rows' shar
 ``push.py``).
 
 The sharded part is compacted per feature, so that the pooled-embedding and gradient
-all-to-alls shrink with the lookups, not only the ids: feature f's bags that keep a sharded
-lookup fill its first n_f slots, in sample order, and the sharded KJT has S slots per feature.
-TorchRec's all-to-alls need one S on every rank (the backward of row-wise sharding fails on gloo
-otherwise, measured; its variable-batch KJTs, which would give each feature its own size, fail
-the same way for row-wise and are not taken by data-parallel tables), so the ranks agree on S in
-the collective that already runs before the input all-to-all (``lockstep.py``): S = the largest
-n_f of any feature on any rank, at least 1. The slots past a feature's n_f are empty bags. The
-dense features, labels and weights keep their order: nothing is dropped or reordered.
+all-to-alls shrink with each feature's own lookups: feature f's bags that keep a sharded lookup
+fill its first n_f slots, in sample order, one empty bag follows for the samples whose lookups of
+f were all served, and the batch's KJT is variable-batch (TorchRec's VBE: a stride per feature,
+``stride_per_key_per_rank``, and ``inverse_indices`` that give every sample its bag back), so
+the sharded EBC's output has one row per sample again, each bag's sharded part in its place
+(zeros for the served-only samples). Feature f sends S_f slots (lengths in, pooled embeddings
+out, gradients back) instead of B, and only the ids outside the replica.
 
-What each split sends, per rank and feature: S slots (lengths in, pooled embeddings out,
-gradients back) instead of B, and only the ids outside the replica. The gain on the output side
-is bounded by the feature whose lookups are least served (``lookups_per_feature`` measures it).
+Row-wise sharding needs every rank to send the same S_f (its backward all-gathers equal slices:
+``ProcessGroupGloo::allgather: invalid tensor size`` otherwise, measured), so the ranks agree on
+each S_f in the collective that already runs before the input all-to-all (``lockstep.py``): S_f
+= the largest n_f (+1 for the empty bag) of any rank. Data-parallel features keep all B bags in
+place (their lookups are local: slots there save no bytes, and TorchRec's data-parallel lookup
+takes one stride for all its features, measured). The dense features, labels and weights keep
+their order: nothing is dropped or reordered.
 
 ``annotate`` and ``split`` are local (no collective). Policies that do not serve use the same
-plan with no replica: every lookup needs the shards, S = B, and the split is the identity.
+plan with no replica: every lookup needs the shards, S_f = B, and the split is the identity.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from slipstream_rec.data.types import Batch, Served, host_kjt
+from slipstream_rec.data.types import Batch, Served, host_vbe_kjt
 from slipstream_rec.slipstream.push import served_rows
 from slipstream_rec.slipstream.replica import StaleReplica
 
@@ -56,10 +59,16 @@ def _bag_of_lookups(lengths: torch.Tensor, total: int) -> torch.Tensor:
 
 
 class ServePlan:
-    """``annotate`` a batch (its lookups in the replica, their pooled sums), then ``split`` it."""
+    """``annotate`` a batch (its lookups in the replica, their pooled sums), then ``split`` it.
 
-    def __init__(self, replica: Optional[StaleReplica] = None) -> None:
+    ``data_parallel``: per feature (KJT key order), whether its table is data-parallel (its bags
+    stay in place and count no slots); None: no feature is."""
+
+    def __init__(
+        self, replica: Optional[StaleReplica] = None, data_parallel: Optional[List[bool]] = None
+    ) -> None:
         self.replica = replica  # None: nothing is ever served
+        self.data_parallel = list(data_parallel) if data_parallel is not None else None
         # Nothing is served while set (the serve lever times a window without serving, or has
         # stood serving down; serve_lever.py): the split is then the identity, as without a replica.
         self.paused = False
@@ -68,30 +77,46 @@ class ServePlan:
         self.lookups_served = 0  # lookups answered from the replica
         self.lookups_split = 0  # lookups of the samples handed to training through split()
         self.samples_split = 0  # samples handed to training through split()
-        self.slots_sent = 0  # bags sent through the shards, padding slots included (S x F per split)
-        self.bags_split = 0  # bags of the samples split (B x F per split)
+        # bags sent through the sharded collectives (sum of S_f over the features that are not
+        # data-parallel, empty bags included) and the bags of those features (B each) per split
+        self.slots_sent = 0
+        self.bags_split = 0
         # per feature (KJT key order): lookups seen and served, for the servable share by table
         self.feature_lookups: List[int] = []
         self.feature_served: List[int] = []
 
-    def annotate(self, batch: Batch) -> int:
+    @property
+    def width(self) -> int:
+        """Sizes the ranks agree on per batch (``lockstep.py``): one per feature with a replica,
+        none without (every feature then sends the whole batch)."""
+        return self.replica.index.num_features if self.replica is not None else 0
+
+    def _replicated(self, num_keys: int) -> torch.Tensor:
+        if self.data_parallel is None:
+            return torch.zeros(num_keys, dtype=torch.bool)
+        assert len(self.data_parallel) == num_keys, "one data-parallel flag per KJT key"
+        return torch.tensor(self.data_parallel, dtype=torch.bool)
+
+    def annotate(self, batch: Batch) -> List[int]:
         """Mark the lookups of ``batch`` that the replica answers (in place), with their bags'
-        pooled sums from the replica as it is now; returns the slots per feature this rank needs
-        through the shards (the largest number of a feature's bags that keep a sharded lookup).
-        Overwrites an earlier annotation (a batch left over from the previous agreement is
-        re-annotated)."""
+        pooled sums from the replica as it is now; returns the slots each feature needs through
+        the shards on this rank (its bags that keep a sharded lookup, one more for an empty bag
+        if some sample has none, at most B; B for a data-parallel feature). Overwrites an earlier
+        annotation (a batch left over from the previous agreement is re-annotated)."""
         t0 = time.perf_counter()
         batch.served = None
-        needed = batch.batch_size
         kjt = batch.sparse_features
+        num_keys, b = len(kjt.keys()), batch.batch_size
+        needed = [b] * num_keys
         if self.replica is not None and not self.paused and self.replica.rows and kjt.values().numel():
             flat = self.replica.index.flat_keys(kjt)
             pos, local = self.replica.locate(flat)
             if bool(local.any()):
-                num_keys, b = len(kjt.keys()), kjt.stride()
                 lengths = kjt.lengths().to(torch.int64)
                 served_per_bag = _lookups_per_bag(lengths, local)
-                needed = int((lengths > served_per_bag).view(num_keys, b).sum(1).max())
+                kept = (lengths > served_per_bag).view(num_keys, b).sum(1)
+                slots = torch.clamp(kept + (kept < b).to(torch.int64), max=b)
+                needed = torch.where(self._replicated(num_keys), b, slots).tolist()
                 bag = _bag_of_lookups(lengths, flat.numel())
                 at = pos[local]
                 batch.served = Served(
@@ -102,21 +127,29 @@ class ServePlan:
         self.seconds += time.perf_counter() - t0
         return needed
 
-    def split(self, batch: Batch, sharded: int) -> Batch:
-        """The batch as training sees it: ``sharded`` slots per feature through the shards (the
-        agreed S), the replica's lookups served. ``sharded`` is at least this rank's needed
-        count (the agreement's MAX)."""
+    def split(self, batch: Batch, sharded: List[int]) -> Batch:
+        """The batch as training sees it: ``sharded[f]`` slots of feature f through the shards
+        (the agreed S_f), the replica's lookups served. ``sharded[f]`` is at least this rank's
+        needed count (the agreement's MAX)."""
         b = batch.batch_size
         kjt = batch.sparse_features
         num_keys = len(kjt.keys())
+        if len(sharded) != num_keys:
+            raise ValueError(
+                f"a batch split into {len(sharded)} sizes for {num_keys} features: the checkpoint "
+                "was written by a version that agreed one size for all features. Fix: start a new "
+                "run directory"
+            )
         lookups = int(kjt.values().numel())
+        replicated = self._replicated(num_keys)
+        communicating = int(num_keys - replicated.sum())
         self.samples_split += b
         self.lookups_split += lookups
-        self.bags_split += b * num_keys
+        self.bags_split += b * communicating
         self._count_features(kjt, batch.served)
         if batch.served is None:
-            assert sharded >= b, "a rank that serves nothing sends its whole batch"
-            self.slots_sent += b * num_keys
+            assert min(sharded, default=b) >= b, "a rank that serves nothing sends its whole batch"
+            self.slots_sent += b * communicating
             return batch
         t0 = time.perf_counter()
         served = batch.served
@@ -124,37 +157,40 @@ class ServePlan:
         local = served.local
         lengths = kjt.lengths().to(torch.int64)
         sharded_lengths = lengths - _lookups_per_bag(lengths, local)
-        keep = (sharded_lengths > 0).view(num_keys, b)
+        # a data-parallel feature keeps every bag in its place (emptied where all was served)
+        keep = (sharded_lengths > 0).view(num_keys, b) | replicated.view(-1, 1)
+        kept = keep.sum(1)
+        strides = torch.tensor(sharded, dtype=torch.int64)
+        assert bool((kept <= strides).all()) and bool((strides <= b).all()), (sharded, b)
+        assert bool(((kept == b) | (kept < strides)).all()), "room for the empty bag"
         slot = torch.cumsum(keep, 1) - 1  # each kept bag's slot in its feature, sample order
-        assert 1 <= sharded and int(keep.sum(1).max()) <= sharded <= max(b, 1), (sharded, b)
-        feature = torch.arange(num_keys).view(-1, 1).expand(num_keys, b)
-        slot_lengths = torch.zeros(num_keys, sharded, dtype=torch.int64)
-        slot_lengths[feature[keep], slot[keep]] = sharded_lengths.view(num_keys, b)[keep]
+        # every sample's bag: its slot, or the empty bag after the kept ones
+        inverse = torch.where(keep, slot, kept.view(-1, 1))
+        first = torch.cumsum(strides, 0) - strides  # each feature's first slot in the lengths
+        slot_lengths = torch.zeros(int(strides.sum()), dtype=torch.int64)
+        slot_lengths[(first.view(-1, 1) + slot)[keep]] = sharded_lengths.view(num_keys, b)[keep]
         # The sharded lookups keep their order: kept bags keep their order within each feature
         # and the features stay feature-major, so the packed values are the unserved ones as is.
         values = kjt.values()[~local]
         weights = kjt.weights_or_none()
-        compact = host_kjt(
-            list(kjt.keys()), values, slot_lengths.view(-1).to(kjt.lengths().dtype), sharded,
-            None if weights is None else weights[~local],
+        compact = host_vbe_kjt(
+            list(kjt.keys()), values, slot_lengths.to(kjt.lengths().dtype), [int(x) for x in sharded],
+            inverse, None if weights is None else weights[~local],
         )  # fmt: skip
-        # sample-major (b, f): the slot's row slot * F + f of the (S * F, D) sharded output, or
-        # the row of zeros S * F
-        gather = torch.full((num_keys, b), sharded * num_keys, dtype=torch.int64)
-        gather[keep] = slot[keep] * num_keys + feature[keep]
         out = Batch(
             dense_features=batch.dense_features,
             sparse_features=compact,
             labels=batch.labels,
             weights=batch.weights,
-            served=Served(pooled=served.pooled, rows=served.rows, gather=gather.t().reshape(-1)),
+            served=Served(pooled=served.pooled, rows=served.rows),
         )
         n_local = int(local.sum())
         self.lookups_served += n_local
         # samples with lookups and none of them sharded
         has = lengths.view(num_keys, b).sum(0) > 0
-        self.samples_served += int((has & ~keep.any(0)).sum())
-        self.slots_sent += sharded * num_keys
+        unserved = (sharded_lengths > 0).view(num_keys, b)
+        self.samples_served += int((has & ~unserved.any(0)).sum())
+        self.slots_sent += int(strides[~replicated].sum())
         self.seconds += time.perf_counter() - t0
         return out
 

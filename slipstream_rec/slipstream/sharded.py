@@ -20,14 +20,18 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+from torchrec.distributed.embedding_sharding import _set_sharding_context_post_a2a
 from torchrec.distributed.embedding_types import KJTList
 from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionContext,
     ShardedEmbeddingBagCollection,
 )
 from torchrec.distributed.dist_data import KJTAllToAll
-from torchrec.distributed.types import LazyAwaitable, ShardingType
-from torchrec.sparse.jagged_tensor import KeyedTensor
+from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist
+from torchrec.distributed.types import Awaitable, LazyAwaitable, NoWait, ShardingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from slipstream_rec.sharding import vbe_cpu
 
 
 @dataclass
@@ -241,6 +245,35 @@ SPLIT_COUNTS = tuple(f"{k}/{t}" for k in ("output", "gradient") for t in REDUCE_
 ROWS_UPDATED_EVERY = 10  # training calls between two measurements of the rows a step updates
 
 
+def as_variable_batch(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """``kjt`` as a variable-batch KJT with every feature's stride the batch's and each sample
+    its own bag: the same lookups, in the layout serving's split batches have."""
+    keys, b = list(kjt.keys()), int(kjt.stride())
+    inverse = torch.arange(b, device=kjt.values().device).repeat(len(keys), 1)
+    return KeyedJaggedTensor(
+        keys=keys, values=kjt.values(), lengths=kjt.lengths(), weights=kjt.weights_or_none(),
+        stride_per_key_per_rank=[[b]] * len(keys), inverse_indices=(keys, inverse),
+        length_per_key=kjt.length_per_key_or_none(), offset_per_key=kjt.offset_per_key_or_none(),
+    )  # fmt: skip
+
+
+class VariableBatchDpDist(DpPooledEmbeddingDist):
+    """The data-parallel output dist, which has nothing to send, laying its (B, sum of dims)
+    output feature-major for a variable-batch input, as TorchRec's variable-batch EBC output
+    expects of every sharding (its table-wise and row-wise dists return that layout; TorchRec's
+    data-parallel one returns its lookup's as is, measured). Every data-parallel feature has the
+    whole batch (slipstream/serving.py), the one stride the data-parallel lookup takes."""
+
+    def __init__(self, dims: List[int]) -> None:
+        super().__init__()
+        self.dims = list(dims)
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: Any = None) -> Awaitable[torch.Tensor]:
+        if sharding_ctx is None or not sharding_ctx.variable_batch_per_feature:
+            return NoWait(local_embs)
+        return NoWait(torch.cat([part.reshape(-1) for part in local_embs.split(self.dims, dim=1)]))
+
+
 class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC plus local lookup counting, hot-row snapshots and a byte meter.
 
@@ -263,6 +296,10 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.a2a_bytes: Dict[str, int] = {"input": 0, "output": 0, "gradient": 0}
         super().__init__(*args, **kwargs)
+        # Set under serving (slipstream/server.py) before the first batch: every KJT goes through
+        # TorchRec's variable-batch path, the layout of the split batches, so that its output
+        # dists, created on their first call for one layout, serve all (evaluation's included).
+        self.variable_batch: bool = False
         self.counting: bool = False  # set by the tracker on sampled steps
         self.count_seconds: float = 0.0  # time spent counting (Slipstream overhead)
         self._units: Optional[List[ShardUnit]] = None
@@ -280,6 +317,23 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
                 part = sharding_type if sharding_type in REDUCE_SCATTER_SHARDINGS else None
                 output_dist.register_forward_pre_hook(functools.partial(self._count_output, part))
                 output_dist.register_forward_hook(functools.partial(self._watch_gradient, part))
+
+    def use_variable_batch(self) -> None:
+        """Take every batch as a variable-batch KJT from now on (serving's per-feature sizes)."""
+        assert self.calls == 0, "the layout is chosen before the first training call"
+        self.variable_batch = True
+        # FBGEMM's CPU kernel for the variable-batch lookup's metadata is ten times the lookup;
+        # ours computes the same (sharding/vbe_cpu.py). GPU kernels are left as they are.
+        vbe_cpu.install()
+        for i, sharding_type in enumerate(self._sharding_types):
+            if sharding_type == ShardingType.DATA_PARALLEL.value:
+                dims = self._embedding_shardings[i].uncombined_embedding_dims()
+                self._output_dists[i] = VariableBatchDpDist(dims)
+
+    def input_dist(self, ctx: EmbeddingBagCollectionContext, features: KeyedJaggedTensor) -> Any:
+        if self.variable_batch and not features.variable_stride_per_key():
+            features = as_variable_batch(features)
+        return super().input_dist(ctx, features)
 
     # ---- the byte meter -----------------------------------------------------------------------
     def _create_input_dist(self, *args: Any, **kwargs: Any) -> None:
@@ -332,6 +386,13 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
             if self.calls % ROWS_UPDATED_EVERY == 0:
                 self._measure_rows_updated(input)
             self.calls += 1
+        if ctx.variable_batch_per_feature:
+            # The variable-batch output dists size their collectives from each sharding's sizes
+            # per rank and feature, which TorchRec records when its input awaitable is waited;
+            # the train pipeline's re-attach after an evaluation hands this stage a fresh context
+            # without them (measured: row-wise then splits its output into [0, 0]). They are
+            # the post-all-to-all KJTs' own, so record them from the KJTs (host lists).
+            _set_sharding_context_post_a2a(list(input), ctx)
         return super().compute_and_output_dist(ctx, input)
 
     @property

@@ -72,8 +72,9 @@ class SkippingStream:
         # counter, kept here so that a checkpoint resumes on the same agreement schedule).
         self.agreed_ahead = 0
         self.agreed_last = 0  # 1: no agreement follows the current one (a rank ran out)
-        # The agreed sharded size S of each of those batches (serving splits them; lockstep).
-        self.agreed_shard: List[int] = []
+        # The agreed sharded size of each feature of each of those batches (serving splits
+        # them; lockstep).
+        self.agreed_shard: List[List[int]] = []  # each agreed batch's slots per feature
         self._source_done = False
         self._finished = False
         self.samples_seen = 0  # rows pulled from the source and classified
@@ -251,7 +252,7 @@ class SkippingStream:
             "ready": [batch_to_state(b) for b in self._ready],
             "source_done": self._source_done,
             "finished": self._finished,
-            "agreed_shard": list(self.agreed_shard),
+            "agreed_shard": [list(x) for x in self.agreed_shard],
             **{k: getattr(self, k) for k in self._COUNTERS},
         }
 
@@ -266,7 +267,12 @@ class SkippingStream:
         self._finished = bool(state["finished"])
         for k in self._COUNTERS:
             setattr(self, k, int(state.get(k, 0)))
-        self.agreed_shard = [int(x) for x in state.get("agreed_shard", [])]
+        # an older checkpoint agreed one size for all features: kept as one, which only a run
+        # without serving reads (it ignores it); serving refuses it (ServePlan.split)
+        self.agreed_shard = [
+            [int(x) for x in sizes] if isinstance(sizes, list) else [int(sizes)]
+            for sizes in state.get("agreed_shard", [])
+        ]
 
     def buffered_rows(self) -> int:
         """Rows pulled from the source but not yet emitted (look-ahead and carry)."""

@@ -9,8 +9,9 @@ lookups' row gradients through the shards and steps.
 
 The expectations come from ``off`` on the unsplit batch, and from the reference weights:
 - the replica holds exactly the reference rows it was given;
-- every rank's sharded size is the largest number of bags of one feature with a lookup outside
-  the replica on any rank (counted here in plain loops);
+- every rank's sharded size of each feature is the largest number of its bags with a lookup
+  outside the replica on any rank, plus one empty bag (counted here in plain loops), and the
+  whole batch for a data-parallel feature;
 - logits equal ``off``'s sample by sample (nothing is reordered), and the dense gradients equal
   ``off``'s (the loss is a mean over the same samples);
 - with SGD (linear, stateless), one step of the shard gradient in backward plus the pushed sum of
@@ -104,7 +105,8 @@ def serve_step_worker(env, kind: str, lr: float):
     kjt = batch.sparse_features
     flat = index.flat_keys(kjt).tolist()
     lengths = kjt.lengths().tolist()
-    needed, served_lookups, at = 0, 0, 0
+    needed, served_lookups, at = [], 0, 0
+    replicated = kind == "data_parallel"
     for f in range(len(FEATURES)):  # plain loops: bags of f with a lookup outside the replica
         sent = 0
         for i in range(LOCAL_BATCH):
@@ -112,11 +114,12 @@ def serve_step_worker(env, kind: str, lr: float):
             at += len(bag)
             sent += any(k not in in_replica for k in bag)
             served_lookups += sum(k in in_replica for k in bag)
-        needed = max(needed, sent)
-    plan = ServePlan(replica)
+        needed.append(LOCAL_BATCH if replicated else min(LOCAL_BATCH, sent + 1))
+    plan = ServePlan(replica, [replicated] * len(FEATURES))
+    ebc.use_variable_batch()  # what the server does before the first batch
     split = next(lockstep(iter([_slice_batch(lo, hi)]), plan=plan))  # all ranks: the agreement
-    sizes = gather_varlen(torch.tensor([split.sharded_size, needed]))
-    assert split.sharded_size == max(1, int(sizes[1::2].max())), sizes  # every rank: the MAX
+    sizes = gather_varlen(torch.tensor(split.sharded_sizes + needed)).view(WORLD, 2, -1)
+    assert split.sharded_sizes == sizes[:, 1].max(0).values.tolist(), sizes  # every rank: the MAX
     assert split.batch_size == LOCAL_BATCH and plan.lookups_served == served_lookups
 
     # off on the unsplit batch
@@ -154,7 +157,7 @@ def serve_step_worker(env, kind: str, lr: float):
             moved += int((mine != start).any(dim=1).sum())
             checked += mine.shape[0]
     assert checked > 0
-    return {"sharded": split.sharded_size, "served": served_lookups, "moved": moved}
+    return {"sharded": tuple(split.sharded_sizes), "served": served_lookups, "moved": moved}
 
 
 def _shards(serve_value, off_value, full_value):
@@ -174,7 +177,9 @@ def test_a_serve_step_equals_an_off_step(kind):
     results = run_workers(serve_step_worker, world_size=WORLD, kind=kind, lr=0.5)
     assert len({r["sharded"] for r in results}) == 1, results  # one agreed size on every rank
     assert sum(r["served"] for r in results) > 0, "the batch must serve something to test serving"
-    assert results[0]["sharded"] < LOCAL_BATCH, "the sharded part must be compacted to test packing"
+    if kind != "data_parallel":
+        assert min(results[0]["sharded"]) < LOCAL_BATCH, "the sharded part must be compacted to test packing"
+        assert len(set(results[0]["sharded"])) > 1, "features of their own sizes, to test the layout"
 
 
 def test_with_frozen_tables_serving_changes_no_row():

@@ -141,6 +141,30 @@ def test_a_rebuild_reports_the_rows_that_joined_and_left():
     assert not replica.contains(left).any() and replica.contains(keys).all()
 
 
+def _rebuilt(out, tables, sizes):
+    """Exactness on the host: the sharded output (each slot's bag pooled from the full tables)
+    put back by the inverse indices and added to the replica part: every bag's full pooled
+    embedding if the split is right."""
+    kjt = out.sparse_features
+    lengths = kjt.lengths().tolist()
+    values = kjt.values().tolist()
+    inverse = kjt.inverse_indices()[1]
+    rebuilt = torch.zeros(out.batch_size, len(FEATURES), DIM)
+    at, pos = 0, 0
+    for f, size in enumerate(sizes):
+        bags = []
+        for n in lengths[at : at + size]:
+            bag = torch.zeros(DIM)
+            for row in values[pos : pos + n]:
+                bag += tables[f][row]
+            pos += n
+            bags.append(bag)
+        at += size
+        for i in range(out.batch_size):
+            rebuilt[i, f] = bags[int(inverse[f, i])]
+    return rebuilt + out.served.pooled.transpose(0, 1)
+
+
 def test_split_serves_every_replica_lookup_and_packs_the_rest_per_feature():
     replica, tables, _ = _replica()
     plan = ServePlan(replica)
@@ -149,40 +173,50 @@ def test_split_serves_every_replica_lookup_and_packs_the_rest_per_feature():
     kept = [[i for i, ids in enumerate(sharded[f]) if ids] for f in range(len(FEATURES))]  # bags sent
     assert [len(k) for k in kept] == [1, 1, 0]  # a: sample 2 (a=3), b: sample 5 (b=8), c: none
     needed = plan.annotate(batch)
-    assert needed == 1
-    # Another rank needed 2 slots: every feature sends 2, its kept bags first, then empty slots.
-    slots = 2
-    out = plan.split(batch, slots)
-    assert out.batch_size == 6 and out.sharded_size == slots
+    assert needed == [2, 2, 1]  # each feature's kept bags and one empty bag
+    # Another rank needed 3 slots of a: a sends 3, its kept bag first, then empty slots.
+    sizes = [3, 2, 1]
+    out = plan.split(batch, sizes)
+    assert out.batch_size == 6 and out.sharded_sizes == sizes
     assert torch.equal(out.dense_features, batch.dense_features) and torch.equal(out.labels, batch.labels)
-    lengths = [[len(sharded[f][i]) for i in kept[f]] + [0] * (slots - len(kept[f])) for f in range(len(FEATURES))]
-    assert out.sparse_features.lengths().view(3, slots).tolist() == lengths
+    lengths = []
+    for f in range(len(FEATURES)):
+        lengths += [len(sharded[f][i]) for i in kept[f]] + [0] * (sizes[f] - len(kept[f]))
+    assert out.sparse_features.lengths().tolist() == lengths
     values = [row for f in range(len(FEATURES)) for i in kept[f] for row in sharded[f][i]]
     assert out.sparse_features.values().tolist() == values
+    # every sample's bag: its kept slot, else the empty bag right after the kept ones
+    inverse = [[kept[f].index(i) if i in kept[f] else len(kept[f]) for i in range(len(SAMPLES))] for f in range(3)]
+    assert out.sparse_features.inverse_indices()[1].tolist() == inverse
     torch.testing.assert_close(out.served.pooled, local.transpose(0, 1))  # (F, B, D): the KJT's bag order
-    # Exactness on the host: the sharded output (each slot's bag pooled from the full tables)
-    # gathered back and added to the replica part is every bag's full pooled embedding.
-    out_rows = torch.zeros(slots, len(FEATURES), DIM)
-    for f in range(len(FEATURES)):
-        for slot, i in enumerate(kept[f]):
-            for row in sharded[f][i]:
-                out_rows[slot, f] += tables[f][row]
-    padded = torch.cat([out_rows.view(-1, DIM), torch.zeros(1, DIM)])
-    rebuilt = padded.index_select(0, out.served.gather).view(len(SAMPLES), len(FEATURES), DIM)
-    rebuilt = rebuilt + out.served.pooled.transpose(0, 1)
-    torch.testing.assert_close(rebuilt, _reference_pooled(SAMPLES, tables))
+    torch.testing.assert_close(_rebuilt(out, tables, sizes), _reference_pooled(SAMPLES, tables))
     n_local = sum(_in_replica(f, row) for s in SAMPLES for f in range(len(FEATURES)) for row in s[f])
     assert plan.lookups_served == n_local == 16  # 3 + 4 + 2 + 5 + 2
     assert plan.samples_served == len(FULLY_SERVED)
-    assert plan.slots_sent == slots * len(FEATURES) and plan.bags_split == len(SAMPLES) * len(FEATURES)
+    assert plan.slots_sent == sum(sizes) and plan.bags_split == len(SAMPLES) * len(FEATURES)
     assert plan.feature_served == [sum(_in_replica(f, r) for s in SAMPLES for r in s[f]) for f in range(3)]
     assert out.served.rows.counts.sum() == n_local and out.served.local is None
+
+
+def test_a_data_parallel_feature_keeps_every_bag_in_place_and_counts_no_slots():
+    replica, tables, _ = _replica()
+    plan = ServePlan(replica, data_parallel=[False, True, False])
+    batch = _batch(SAMPLES)
+    _, sharded = _reference_parts(SAMPLES, tables)
+    assert plan.annotate(batch) == [2, len(SAMPLES), 1]
+    sizes = [2, len(SAMPLES), 1]
+    out = plan.split(batch, sizes)
+    b_lengths = out.sparse_features.lengths().tolist()[2 : 2 + len(SAMPLES)]
+    assert b_lengths == [len(sharded[1][i]) for i in range(len(SAMPLES))]  # in place, emptied where served
+    assert out.sparse_features.inverse_indices()[1][1].tolist() == list(range(len(SAMPLES)))
+    torch.testing.assert_close(_rebuilt(out, tables, sizes), _reference_pooled(SAMPLES, tables))
+    assert plan.slots_sent == 2 + 1 and plan.bags_split == len(SAMPLES) * 2
 
 
 def test_without_a_replica_every_lookup_goes_through_the_shards():
     plan = ServePlan(None)
     batch = _batch(SAMPLES)
-    assert plan.annotate(batch) == len(SAMPLES)
+    assert plan.annotate(batch) == [len(SAMPLES)] * len(FEATURES) and plan.width == 0
     out = next(lockstep(iter([batch]), plan=plan))  # one process: the agreement is local
     assert out is batch and out.served is None and plan.samples_served == 0 and plan.lookups_served == 0
     assert plan.slots_sent == plan.bags_split == len(SAMPLES) * len(FEATURES)
@@ -192,7 +226,7 @@ def test_one_process_lockstep_sends_exactly_the_needed_slots():
     replica, _, _ = _replica()
     plan = ServePlan(replica)
     out = next(lockstep(iter([_batch(SAMPLES)]), plan=plan))
-    assert out.sharded_size == 1 and out.served.pooled.shape == (3, len(SAMPLES), DIM)
+    assert out.sharded_sizes == [2, 2, 1] and out.served.pooled.shape == (3, len(SAMPLES), DIM)
 
 
 def test_served_gradients_sum_per_row_over_every_occurrence():

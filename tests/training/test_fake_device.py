@@ -50,7 +50,7 @@ def _server_on(device: torch.device) -> StaleServer:
     from slipstream_rec.slipstream.rows import RowIndex
 
     index = RowIndex(FEATURES, ROWS)
-    tracker = SimpleNamespace(units=units, modules=[SimpleNamespace(counting=True)], feature_index={f: i for i, f in enumerate(FEATURES)})
+    tracker = SimpleNamespace(units=units, modules=[SimpleNamespace(counting=True, use_variable_batch=lambda: None)], feature_index={f: i for i, f in enumerate(FEATURES)})
     server = StaleServer(tracker, index)  # no process group: the dim agreement is local
     keys = torch.cat([index.to_flat(i, torch.tensor(REPLICA[f])) for i, f in enumerate(FEATURES)])
     g = torch.Generator().manual_seed(1)
@@ -74,7 +74,7 @@ def test_a_served_batch_leaves_the_data_side_with_host_tensors_only_and_pins(str
     assert batch.served is not None and batch.served.pooled.shape[1] == len(SAMPLES)  # every bag's part
     pinned = batch.pin_memory()  # what Trainer._timed does on CUDA, every batch
     moved = pinned.to(META, non_blocking=True)  # the pipeline's copy to the device
-    assert moved.served.pooled.is_meta and moved.served.gather.is_meta
+    assert moved.served.pooled.is_meta and moved.sparse_features.inverse_indices()[1].is_meta
     assert moved.served.rows.inverse.is_meta and moved.served.rows.bags.is_meta
     # what stays on the host when the batch moves: the push's keys and the counts
     assert moved.served.rows.keys.device.type == "cpu" and moved.served.rows.counts.device.type == "cpu"
@@ -114,7 +114,7 @@ def test_batches_carry_their_lengths_per_key_so_torchrec_reads_nothing_back(tmp_
     split = _served_batch(_server_on(META))  # the split's KJT: the sharded lookups, packed
     (loaded, *_) = list(NpyBatchLoader(write_dataset(tmp_path / "d", {"train": 64}), "train", batch_size=16, train=True))
     for kjt in (split.sparse_features, loaded.sparse_features):
-        per_key = kjt.lengths().view(len(kjt.keys()), -1).sum(1).tolist()
+        per_key = [int(part.sum()) for part in kjt.lengths().split(kjt.stride_per_key())]
         moved = kjt.to(META)
         assert moved.length_per_key() == per_key
         assert moved.offset_per_key() == [sum(per_key[:i]) for i in range(len(per_key) + 1)]

@@ -60,6 +60,11 @@ TORCHREC_PLAIN = 2
 # Adagrad per dense parameter, TorchRec's RowWiseAdagrad for the data-parallel tables, FBGEMM's
 # iteration counter): no device is involved.
 HOST_PLAIN = 45
+# Serving sends every batch through TorchRec's variable-batch path (per-feature sizes), whose
+# metadata TorchRec and FBGEMM read on the host each step, from CPU tensors they build there on
+# a GPU too: FBGEMM's generate_vbe_metadata (max_B, max_B_feature_rank, output_size) per TBE
+# (6 for our 2), the KJTs' strides per key and rank as lists (16) and their largest stride (2).
+HOST_VARIABLE_BATCH = 24
 
 
 def _audit(tmp_path: Path, data_root: Path, policy: str, *extra: str) -> list:
@@ -80,7 +85,7 @@ def data_root(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "policy,total_budget",
-    [("off", GOLDEN_TOTAL + 2), ("serve", GOLDEN_TOTAL + 4), ("paper_plus", GOLDEN_TOTAL + 4)],
+    [("off", GOLDEN_TOTAL + 2), ("serve", GOLDEN_TOTAL + 4 + HOST_VARIABLE_BATCH), ("paper_plus", GOLDEN_TOTAL + 4)],
 )
 def test_a_step_makes_no_device_sync_of_ours_and_stays_within_the_golden_loops_budget(
     tmp_path, data_root, policy, total_budget
@@ -95,6 +100,7 @@ def test_a_step_makes_no_device_sync_of_ours_and_stays_within_the_golden_loops_b
         steady = [s for s in steps if s["step"] >= FIRST]
         assert len(steady) >= 80, (rank, len(steady))
         kinds_seen = set()
+        host_plain = HOST_PLAIN + (HOST_VARIABLE_BATCH if policy == "serve" else 0)
         for s in steady:
             c, kinds = s["counts"], s["kinds"]
             kinds_seen.update(kinds)
@@ -102,7 +108,7 @@ def test_a_step_makes_no_device_sync_of_ours_and_stays_within_the_golden_loops_b
             where = (policy, rank, s["step"], kinds, {k: v for k, v in s["ops"].items() if not k.startswith(("data:", "host:"))})
             assert ours <= sum(OURS_PER_KIND[k] for k in kinds) or "count" in kinds, where
             if not kinds:  # a plain step
-                assert ours == 0 and c["torchrec"] <= TORCHREC_PLAIN and c["host"] <= HOST_PLAIN, where
+                assert ours == 0 and c["torchrec"] <= TORCHREC_PLAIN and c["host"] <= host_plain, where
             if kinds == ["reattach"]:  # TorchRec restarts the next batch's input dist: its own
                 assert ours == 0 and c["torchrec"] <= TORCHREC_PLAIN + 1, where
         # a counted step's own syncs: beyond what its other kinds may make
