@@ -9,6 +9,7 @@ from a real one. ``job.run`` turns the interrupt into ``Interrupted``, which kno
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from pathlib import Path
 from typing import Any, Optional
@@ -16,21 +17,43 @@ from typing import Any, Optional
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
 
 _received = False
+_deferring = 0  # depth of deferred() blocks: a SIGINT there waits for the block's end
+_pending = False
 
 
 def _on_sigint(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-    global _received
+    global _received, _pending
     if _received:
         return  # already unwinding: let the cleanup finish and the line be printed
     _received = True
+    if _deferring:
+        _pending = True
+        return
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred() -> Any:
+    """Hold a SIGINT that arrives inside the block until it ends. A checkpoint being written
+    is finished first: raised inside a writer's callback, the KeyboardInterrupt reaches torch's
+    serializer as a broken stream ("unexpected pos"), a RuntimeError and a traceback instead of
+    the one line (measured). Not raised if the block itself fails."""
+    global _deferring, _pending
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring and _pending:
+        _pending = False
+        raise KeyboardInterrupt
 
 
 def install() -> Any:
     """Our SIGINT handler in place of Python's default one (a SIGINT ignored by the parent, or
     someone else's handler, stays); returns the previous handler for ``restore``."""
-    global _received
-    _received = False
+    global _received, _pending
+    _received, _pending = False, False
     previous = signal.getsignal(signal.SIGINT)
     if previous is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)

@@ -85,3 +85,26 @@ def test_the_step_model_predictions_quote_their_results():
         # the compute was set so that off's exposed communication is the published share
         if r["job"] == "off":
             assert r["comm_ms"] / r["step_ms"] == pytest.approx(r["published_share"], abs=1e-3)
+
+
+def test_the_per_feature_table_quotes_its_run():
+    rows = _rows("docs/slipstream.md", "| job | train s | vs `off` | lookups served | slots | wire over the training steps")
+    doc = json.loads((RESULTS / "network_per_feature_clicklog_dim128.json").read_text())
+    jobs = {"slipstream=off": "off", "slipstream=serve slipstream.serve_when=always": "serve_always", "defaults": "defaults"}
+    by_job = {r["job"]: r for r in doc["table"]}
+    runs = {r["job"]: r for r in doc["runs"]}
+    off = by_job["off"]
+    assert len(rows) == 3
+    for cells in rows:
+        job = jobs[_job(cells[0])]
+        row, run = by_job[job], runs[job]
+        assert float(cells[1]) == round(row["train_seconds"], 1), cells
+        if job != "off":
+            assert cells[2] == f"{off['train_seconds'] / row['train_seconds']:.3f}x", cells
+            ratio = row["wire_train_minus_dense_bytes_per_sample"] / off["wire_train_minus_dense_bytes_per_sample"]
+            assert float(cells[7]) == round(ratio, 3), cells
+        assert float(cells[3]) == round(run["served_fraction"], 3) and float(cells[4]) == round(run["slots_fraction"], 3), cells
+        assert float(cells[5]) == round(row["wire_train_bytes_per_sample"]), cells
+        assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        assert float(cells[8]) == round(row["wire_train_over_program"], 3), cells
+        assert float(cells[9]) == round(row["test_auc"], 4), cells

@@ -27,6 +27,7 @@ from torch import nn
 
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from slipstream_rec import interrupt
 from slipstream_rec.checkpoint import optim_state
 from slipstream_rec.checkpoint.config import CheckpointConfig
 from slipstream_rec.checkpoint.store import CheckpointInfo, CheckpointStore, resolve
@@ -85,7 +86,12 @@ class Checkpointer:
 
     # ---- save (collective) -----------------------------------------------------------------
     def save(self, step: int, local_state: Dict[str, Any]) -> Path:
-        """Write a checkpoint of ``step``; returns its final path. Collective: all ranks."""
+        """Write a checkpoint of ``step``; returns its final path. Collective: all ranks. A
+        Ctrl-C meanwhile takes effect once it is written (``interrupt.deferred``)."""
+        with interrupt.deferred():
+            return self._save(step, local_state)
+
+    def _save(self, step: int, local_state: Dict[str, Any]) -> Path:
         t0 = time.perf_counter()
         env = self.env
         # All ranks: rank 0 creates the .partial directory before anyone writes into it.
