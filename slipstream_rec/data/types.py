@@ -124,6 +124,14 @@ class Batch(TorchRecBatch):
         return self._map(lambda t: t.pin_memory(), lambda r: r.pin_memory())
 
 
+def _offsets(per_key: list[int]) -> list[int]:
+    """Each key's first value (and the end): the running sums of its lengths per key."""
+    offsets = [0]
+    for n in per_key:
+        offsets.append(offsets[-1] + int(n))
+    return offsets
+
+
 def host_kjt(
     keys: list[str],
     values: torch.Tensor,
@@ -140,9 +148,7 @@ def host_kjt(
     """
     assert lengths.device.type == "cpu", "host_kjt takes host lengths"
     per_key = lengths.view(len(keys), stride).sum(1, dtype=torch.int64).tolist() if keys else []
-    offsets = [0]
-    for n in per_key:
-        offsets.append(offsets[-1] + int(n))
+    offsets = _offsets(per_key)
     return KeyedJaggedTensor(
         keys=keys, values=values, lengths=lengths, weights=weights, stride=stride,
         length_per_key=[int(n) for n in per_key], offset_per_key=offsets,
@@ -164,9 +170,7 @@ def host_vbe_kjt(
     assert lengths.device.type == "cpu", "host_vbe_kjt takes host lengths"
     assert inverse.dim() == 2 and inverse.shape[0] == len(keys), "one row of inverse indices per key"
     per_key = [int(part.sum()) for part in lengths.split(strides)] if keys else []
-    offsets = [0]
-    for n in per_key:
-        offsets.append(offsets[-1] + n)
+    offsets = _offsets(per_key)
     return KeyedJaggedTensor(
         keys=keys, values=values, lengths=lengths, weights=weights,
         stride_per_key_per_rank=[[int(s)] for s in strides], inverse_indices=(list(keys), inverse),

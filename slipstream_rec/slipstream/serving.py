@@ -68,7 +68,8 @@ class ServePlan:
         self, replica: Optional[StaleReplica] = None, data_parallel: Optional[List[bool]] = None
     ) -> None:
         self.replica = replica  # None: nothing is ever served
-        self.data_parallel = list(data_parallel) if data_parallel is not None else None
+        # per feature: its table is data-parallel (None: none is); a tensor once, read per batch
+        self._data_parallel = None if data_parallel is None else torch.tensor(data_parallel, dtype=torch.bool)
         # Nothing is served while set (the serve lever times a window without serving, or has
         # stood serving down; serve_lever.py): the split is then the identity, as without a replica.
         self.paused = False
@@ -92,10 +93,10 @@ class ServePlan:
         return self.replica.index.num_features if self.replica is not None else 0
 
     def _replicated(self, num_keys: int) -> torch.Tensor:
-        if self.data_parallel is None:
+        if self._data_parallel is None:
             return torch.zeros(num_keys, dtype=torch.bool)
-        assert len(self.data_parallel) == num_keys, "one data-parallel flag per KJT key"
-        return torch.tensor(self.data_parallel, dtype=torch.bool)
+        assert self._data_parallel.numel() == num_keys, "one data-parallel flag per KJT key"
+        return self._data_parallel
 
     def annotate(self, batch: Batch) -> List[int]:
         """Mark the lookups of ``batch`` that the replica answers (in place), with their bags'
@@ -157,8 +158,9 @@ class ServePlan:
         local = served.local
         lengths = kjt.lengths().to(torch.int64)
         sharded_lengths = lengths - _lookups_per_bag(lengths, local)
+        unserved = (sharded_lengths > 0).view(num_keys, b)  # bags that keep a sharded lookup
         # a data-parallel feature keeps every bag in its place (emptied where all was served)
-        keep = (sharded_lengths > 0).view(num_keys, b) | replicated.view(-1, 1)
+        keep = unserved | replicated.view(-1, 1)
         kept = keep.sum(1)
         strides = torch.tensor(sharded, dtype=torch.int64)
         assert bool((kept <= strides).all()) and bool((strides <= b).all()), (sharded, b)
@@ -188,7 +190,6 @@ class ServePlan:
         self.lookups_served += n_local
         # samples with lookups and none of them sharded
         has = lengths.view(num_keys, b).sum(0) > 0
-        unserved = (sharded_lengths > 0).view(num_keys, b)
         self.samples_served += int((has & ~unserved.any(0)).sum())
         self.slots_sent += int(strides[~replicated].sum())
         self.seconds += time.perf_counter() - t0

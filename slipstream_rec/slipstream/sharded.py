@@ -386,7 +386,9 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
             if self.calls % ROWS_UPDATED_EVERY == 0:
                 self._measure_rows_updated(input)
             self.calls += 1
-        if ctx.variable_batch_per_feature:
+        if ctx.variable_batch_per_feature and not all(
+            getattr(sc, "batch_size_per_rank_per_feature", True) for sc in ctx.sharding_contexts
+        ):
             # The variable-batch output dists size their collectives from each sharding's sizes
             # per rank and feature, which TorchRec records when its input awaitable is waited;
             # the train pipeline's re-attach after an evaluation hands this stage a fresh context
