@@ -113,7 +113,11 @@ def test_batches_carry_their_lengths_per_key_so_torchrec_reads_nothing_back(tmp_
 
     split = _served_batch(_server_on(META))  # the split's KJT: the sharded lookups, packed
     (loaded, *_) = list(NpyBatchLoader(write_dataset(tmp_path / "d", {"train": 64}), "train", batch_size=16, train=True))
-    for kjt in (split.sparse_features, loaded.sparse_features):
+    from slipstream_rec.slipstream.batch_ops import select_kjt
+
+    # the data side's row selections, of bags of several lengths
+    sliced = select_kjt(_batch(SAMPLES).sparse_features, torch.tensor([4, 1, 2]))
+    for kjt in (split.sparse_features, loaded.sparse_features, sliced):
         per_key = [int(part.sum()) for part in kjt.lengths().split(kjt.stride_per_key())]
         moved = kjt.to(META)
         assert moved.length_per_key() == per_key
