@@ -32,6 +32,7 @@ from slipstream_rec.sharding.qcomms import codecs_registry, qcomms_summary
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.comm_hooks import install_ddp_comm_hook
 from slipstream_rec.training.embedding_traffic import run_meter
+from slipstream_rec.training.host_memory import apply_host_memory
 from slipstream_rec.training.metric_log import MetricLog, write_json_atomic
 from slipstream_rec.training.trainer import Trainer, planned_steps
 
@@ -145,6 +146,7 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
     data_dir = prepare_data(job, env)
     meta = load_meta(data_dir)
     tr = job.trainer
+    host_memory = apply_host_memory(tr.host_memory)  # this process, before the model exists
 
     # Different seeds per rank, so that the row-wise shards of one table differ; DDP broadcasts
     # rank 0's dense weights anyway.
@@ -275,6 +277,7 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         "sharding_plan": plan,
         "qcomms": qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms, env.device)),
         "ddp_comm_hook": ddp_hook,
+        "host_memory": host_memory,
         "policy": job.slipstream.policy.value,
         "action": job.slipstream.action.value,
         "experiment": job.experiment,

@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Optional
 
 from slipstream_rec.checkpoint.config import CheckpointConfig
+from slipstream_rec.training.host_memory import HostMemory
 from slipstream_rec.validation import check_fields
 
 
@@ -104,6 +105,10 @@ class TrainerConfig:
     # GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME name; none when unset), none, or a comma-separated
     # list of names. Read by local rank 0 only: the counter is the node's.
     wire_interface: str = "auto"
+    # Freed host memory between steps: keep (stays in the process for the next step: glibc
+    # makes each step's large temporaries fresh pages otherwise, measured 1.45x slower on the
+    # variable-batch path; training/host_memory.py) or system (the C library's defaults).
+    host_memory: HostMemory = HostMemory.keep
     # Checkpoint saving (when, how many kept, where).
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
