@@ -54,6 +54,7 @@ def runs(tmp_path_factory):
 def test_off_tracks_nothing_and_trains_every_sample(runs):
     s, _ = runs["off"]
     assert s["policy"] == "off"
+    assert s["host_memory"]["mode"] == "keep" and s["host_memory"]["applied"] is True  # trainer.host_memory, glibc
     assert s["samples_skipped"] == 0 and s["hot_rows"] == 0 and s["threshold"] is None
     assert s["samples_trained"] == s["steps"] * 1024 * 2
 
