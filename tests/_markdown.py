@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def table_rows(doc: str, header_start: str) -> List[List[str]]:
     """The cells of each body row of the first table in ``doc`` (relative to the repository) whose
-    header line starts with ``header_start``."""
-    lines = (ROOT / doc).read_text().splitlines()
+    header line starts with ``header_start`` (a table indented under a list item too)."""
+    lines = [line.lstrip() for line in (ROOT / doc).read_text().splitlines()]
     start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
     rows = []
     for line in lines[start + 2 :]:

@@ -108,3 +108,26 @@ def test_the_per_feature_table_quotes_its_run():
         assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
         assert float(cells[8]) == round(row["wire_train_over_program"], 3), cells
         assert float(cells[9]) == round(row["test_auc"], 4), cells
+
+
+def test_the_host_memory_table_quotes_its_run():
+    rows = _rows("docs/slipstream.md", "| job | train s | vs `off` | slots | its embedding side on the wire")
+    doc = json.loads((RESULTS / "network_host_memory_clicklog_dim128.json").read_text())
+    jobs = {"slipstream=off": "off", "slipstream=serve slipstream.serve_when=always": "serve_always", "defaults": "defaults"}
+    by_job = {r["job"]: r for r in doc["table"]}
+    runs = {r["job"]: r for r in doc["runs"]}
+    off = by_job["off"]
+    assert len(rows) == 3
+    for cells in rows:
+        job = jobs[_job(cells[0])]
+        row, run = by_job[job], runs[job]
+        assert float(cells[1]) == round(row["train_seconds"], 1), cells
+        assert float(cells[3]) == round(run["slots_fraction"], 3), cells
+        assert float(cells[4]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        if job != "off":
+            assert cells[2] == f"{off['train_seconds'] / row['train_seconds']:.3f}x", cells
+            ratio = row["wire_train_minus_dense_bytes_per_sample"] / off["wire_train_minus_dense_bytes_per_sample"]
+            assert float(cells[5]) == round(ratio, 3), cells
+            assert float(cells[6]) == round(row["test_auc"] - off["test_auc"], 4), cells
+    # every job trained in the same precision, so the ratios compare the policy alone
+    assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
