@@ -14,7 +14,9 @@ f were all served, and the batch's KJT is variable-batch (TorchRec's VBE: a stri
 ``stride_per_key_per_rank``, and ``inverse_indices`` that give every sample its bag back), so
 the sharded EBC's output has one row per sample again, each bag's sharded part in its place
 (zeros for the served-only samples). Feature f sends S_f slots (lengths in, pooled embeddings
-out, gradients back) instead of B, and only the ids outside the replica.
+out, gradients back) instead of B, and only the ids outside the replica. Where every S_f is B
+the batch keeps TorchRec's plain layout, each bag in its place with its sharded lookups: the
+variable-batch collectives cost more for the same bytes (``sharded.py``'s ``TwoLayoutDist``).
 
 Row-wise sharding needs every rank to send the same S_f (its backward all-gathers equal slices:
 ``ProcessGroupGloo::allgather: invalid tensor size`` otherwise, measured), so the ranks agree on
@@ -35,7 +37,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from slipstream_rec.data.types import Batch, Served, host_vbe_kjt
+from slipstream_rec.data.types import Batch, Served, host_kjt, host_vbe_kjt
 from slipstream_rec.slipstream.push import served_rows
 from slipstream_rec.slipstream.replica import StaleReplica
 
@@ -159,6 +161,40 @@ class ServePlan:
         lengths = kjt.lengths().to(torch.int64)
         sharded_lengths = lengths - _lookups_per_bag(lengths, local)
         unserved = (sharded_lengths > 0).view(num_keys, b)  # bags that keep a sharded lookup
+        values = kjt.values()[~local]
+        weights = kjt.weights_or_none()
+        weights = None if weights is None else weights[~local]
+        if all(int(s) == b for s in sharded):
+            # Every feature sends its whole batch (the sizes are agreed, so on every rank): each
+            # bag keeps its place with its sharded lookups, in TorchRec's plain layout, whose
+            # collectives cost less than the variable-batch ones for the same bytes
+            # (slipstream/sharded.py, TwoLayoutDist).
+            compact = host_kjt(list(kjt.keys()), values, sharded_lengths.to(kjt.lengths().dtype), b, weights)
+        else:
+            compact = self._compacted(kjt, sharded, sharded_lengths, unserved, replicated, values, weights)
+        out = Batch(
+            dense_features=batch.dense_features,
+            sparse_features=compact,
+            labels=batch.labels,
+            weights=batch.weights,
+            served=Served(pooled=served.pooled, rows=served.rows),
+        )
+        n_local = int(local.sum())
+        self.lookups_served += n_local
+        # samples with lookups and none of them sharded
+        has = lengths.view(num_keys, b).sum(0) > 0
+        self.samples_served += int((has & ~unserved.any(0)).sum())
+        self.slots_sent += sum(int(s) for s, r in zip(sharded, replicated.tolist()) if not r)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def _compacted(
+        self, kjt: Any, sharded: List[int], sharded_lengths: torch.Tensor, unserved: torch.Tensor,
+        replicated: torch.Tensor, values: torch.Tensor, weights: Optional[torch.Tensor],
+    ) -> Any:  # fmt: skip
+        """The variable-batch KJT of ``split``: feature f's kept bags in its first slots, in sample
+        order, then one empty bag for the samples none of whose lookups of f are sharded."""
+        num_keys, b = unserved.shape
         # a data-parallel feature keeps every bag in its place (emptied where all was served)
         keep = unserved | replicated.view(-1, 1)
         kept = keep.sum(1)
@@ -173,27 +209,10 @@ class ServePlan:
         slot_lengths[(first.view(-1, 1) + slot)[keep]] = sharded_lengths.view(num_keys, b)[keep]
         # The sharded lookups keep their order: kept bags keep their order within each feature
         # and the features stay feature-major, so the packed values are the unserved ones as is.
-        values = kjt.values()[~local]
-        weights = kjt.weights_or_none()
-        compact = host_vbe_kjt(
+        return host_vbe_kjt(
             list(kjt.keys()), values, slot_lengths.to(kjt.lengths().dtype), [int(x) for x in sharded],
-            inverse, None if weights is None else weights[~local],
+            inverse, weights,
         )  # fmt: skip
-        out = Batch(
-            dense_features=batch.dense_features,
-            sparse_features=compact,
-            labels=batch.labels,
-            weights=batch.weights,
-            served=Served(pooled=served.pooled, rows=served.rows),
-        )
-        n_local = int(local.sum())
-        self.lookups_served += n_local
-        # samples with lookups and none of them sharded
-        has = lengths.view(num_keys, b).sum(0) > 0
-        self.samples_served += int((has & ~unserved.any(0)).sum())
-        self.slots_sent += int(strides[~replicated].sum())
-        self.seconds += time.perf_counter() - t0
-        return out
 
     def _count_features(self, kjt: Any, served: Optional[Served]) -> None:
         per_key = kjt.length_per_key()  # host lists: the KJTs of the data side carry them

@@ -245,16 +245,25 @@ SPLIT_COUNTS = tuple(f"{k}/{t}" for k in ("output", "gradient") for t in REDUCE_
 ROWS_UPDATED_EVERY = 10  # training calls between two measurements of the rows a step updates
 
 
-def as_variable_batch(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
-    """``kjt`` as a variable-batch KJT with every feature's stride the batch's and each sample
-    its own bag: the same lookups, in the layout serving's split batches have."""
-    keys, b = list(kjt.keys()), int(kjt.stride())
-    inverse = torch.arange(b, device=kjt.values().device).repeat(len(keys), 1)
-    return KeyedJaggedTensor(
-        keys=keys, values=kjt.values(), lengths=kjt.lengths(), weights=kjt.weights_or_none(),
-        stride_per_key_per_rank=[[b]] * len(keys), inverse_indices=(keys, inverse),
-        length_per_key=kjt.length_per_key_or_none(), offset_per_key=kjt.offset_per_key_or_none(),
-    )  # fmt: skip
+class TwoLayoutDist(torch.nn.Module):
+    """A sharding's output dist for both KJT layouts, each to its own TorchRec dist: ``plain``
+    for the batches whose features all send the whole batch, ``variable`` for serving's
+    compacted ones (VBE). TorchRec's row-wise dists build their collective for the layout of
+    their first call and refuse the other, and its table-wise ones build the variable-batch
+    collective only when the first call has that layout. A plain batch through the
+    variable-batch collective costs as much as its compaction saves nothing: on 2 emulated
+    nodes over 1gbit, with nothing served, 50.5 s against 43.5 s plain and 43.2-44.0 s for
+    ``off`` (docs/slipstream.md)."""
+
+    def __init__(self, plain: torch.nn.Module, variable: torch.nn.Module) -> None:
+        super().__init__()
+        self.plain = plain
+        self.variable = variable
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: Any = None) -> Any:
+        if sharding_ctx is not None and sharding_ctx.variable_batch_per_feature:
+            return self.variable(local_embs, sharding_ctx)
+        return self.plain(local_embs, sharding_ctx)
 
 
 class VariableBatchDpDist(DpPooledEmbeddingDist):
@@ -296,10 +305,10 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.a2a_bytes: Dict[str, int] = {"input": 0, "output": 0, "gradient": 0}
         super().__init__(*args, **kwargs)
-        # Set under serving (slipstream/server.py) before the first batch: every KJT goes through
-        # TorchRec's variable-batch path, the layout of the split batches, so that its output
-        # dists, created on their first call for one layout, serve all (evaluation's included).
+        # Set under serving (slipstream/server.py) before the first batch: the output dists take
+        # the split batches' variable-batch layout beside the plain one (use_variable_batch).
         self.variable_batch: bool = False
+        self._variable_batch_seen = False  # a variable-batch KJT went through input_dist
         self.counting: bool = False  # set by the tracker on sampled steps
         self.count_seconds: float = 0.0  # time spent counting (Slipstream overhead)
         self._units: Optional[List[ShardUnit]] = None
@@ -308,31 +317,48 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         # the sum stays where the ids are until it is read (``rows_updated``)
         self._rows_measured = 0
         self._rows_sum: Any = 0
-        # The output dists' own collectives are created on their first call: meter the output
-        # dist of each communicating sharding (its first argument is what the collective gets).
         for sharding_type, output_dist in zip(self._sharding_types, self._output_dists):
-            if sharding_type != ShardingType.DATA_PARALLEL.value:
-                # row-wise shardings reduce-scatter (and all-gather back), which sends more than
-                # an all-to-all of the same tensor: their share is kept apart as well (SPLIT_COUNTS)
-                part = sharding_type if sharding_type in REDUCE_SCATTER_SHARDINGS else None
-                output_dist.register_forward_pre_hook(functools.partial(self._count_output, part))
-                output_dist.register_forward_hook(functools.partial(self._watch_gradient, part))
+            self._meter(sharding_type, output_dist)
+
+    def _meter(self, sharding_type: str, output_dist: torch.nn.Module) -> None:
+        """Count what ``output_dist`` is given and the gradient it receives back (its first
+        argument is what the collective gets; TorchRec creates the collective on its first call)."""
+        if sharding_type != ShardingType.DATA_PARALLEL.value:
+            # row-wise shardings reduce-scatter (and all-gather back), which sends more than
+            # an all-to-all of the same tensor: their share is kept apart as well (SPLIT_COUNTS)
+            part = sharding_type if sharding_type in REDUCE_SCATTER_SHARDINGS else None
+            output_dist.register_forward_pre_hook(functools.partial(self._count_output, part))
+            output_dist.register_forward_hook(functools.partial(self._watch_gradient, part))
 
     def use_variable_batch(self) -> None:
-        """Take every batch as a variable-batch KJT from now on (serving's per-feature sizes)."""
-        assert self.calls == 0, "the layout is chosen before the first training call"
+        """Take serving's variable-batch KJTs (a stride per feature) beside plain ones from now
+        on: every communicating sharding gets a second output dist for that layout, metered as
+        the first; each batch goes through the one of its layout (the ranks agree on it: the
+        sizes per feature are agreed, slipstream/serving.py)."""
+        assert self.calls == 0, "the layouts are prepared before the first training call"
+        if self.variable_batch:
+            return
         self.variable_batch = True
         # FBGEMM's CPU kernel for the variable-batch lookup's metadata is ten times the lookup;
         # ours computes the same (sharding/vbe_cpu.py). GPU kernels are left as they are.
         vbe_cpu.install()
         for i, sharding_type in enumerate(self._sharding_types):
-            if sharding_type == ShardingType.DATA_PARALLEL.value:
+            if sharding_type == ShardingType.DATA_PARALLEL.value:  # one dist lays out both
                 dims = self._embedding_shardings[i].uncombined_embedding_dims()
                 self._output_dists[i] = VariableBatchDpDist(dims)
+            else:
+                variable = self._embedding_shardings[i].create_output_dist(device=self._device)
+                self._meter(sharding_type, variable)
+                self._output_dists[i] = TwoLayoutDist(self._output_dists[i], variable)
 
     def input_dist(self, ctx: EmbeddingBagCollectionContext, features: KeyedJaggedTensor) -> Any:
-        if self.variable_batch and not features.variable_stride_per_key():
-            features = as_variable_batch(features)
+        if features.variable_stride_per_key():
+            assert self.variable_batch, "a variable-batch KJT before use_variable_batch(): plain layout only"
+            if not self._has_uninitialized_input_dist and not self._variable_batch_seen:
+                # TorchRec prepares the variable-batch output's permutation of the inverse
+                # indices on the first call only, and the first call here may have been plain
+                self._create_inverse_indices_permute_indices(features.inverse_indices_or_none())
+            self._variable_batch_seen = True
         return super().input_dist(ctx, features)
 
     # ---- the byte meter -----------------------------------------------------------------------

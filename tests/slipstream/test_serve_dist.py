@@ -70,17 +70,19 @@ def _models(kind: str, lr: float):
     return full, out
 
 
-def _replica_keys(index):
-    # Every row that samples 0, 4, 8, 12 of the global batch look up: each rank's half then has
-    # two servable samples (at least; others may be servable by chance), and the rest need the
-    # shards.
+def _replica_keys(index, every: int):
+    # Every row that every ``every``-th sample of the global batch looks up. Every 4th: each
+    # rank's half then has two servable samples (at least; others may be servable by chance), and
+    # the rest need the shards. Only sample 0 (every = the global batch): its rank needs every
+    # feature's whole batch still (one sample served, and one empty bag for it), so every rank
+    # sends whole batches and some of rank 0's lookups are served all the same.
     from slipstream_rec.slipstream.batch_ops import select_kjt
 
     whole = _slice_batch(0, WORLD * LOCAL_BATCH).sparse_features
-    return torch.unique(index.flat_keys(select_kjt(whole, torch.arange(0, WORLD * LOCAL_BATCH, 4))))
+    return torch.unique(index.flat_keys(select_kjt(whole, torch.arange(0, WORLD * LOCAL_BATCH, every))))
 
 
-def serve_step_worker(env, kind: str, lr: float):
+def serve_step_worker(env, kind: str, lr: float, every: int = 4):
     from slipstream_rec.distributed import gather_varlen
     from slipstream_rec.slipstream.lockstep import lockstep
     from slipstream_rec.slipstream.push import ServedGradients
@@ -91,7 +93,7 @@ def serve_step_worker(env, kind: str, lr: float):
     full, ((off, off_opt, _), (serve, serve_opt, ebc)) = _models(kind, lr)
     index = RowIndex(FEATURES, ROWS)
     replica = StaleReplica(index, DIM, torch.device("cpu"))
-    keys = _replica_keys(index)
+    keys = _replica_keys(index, every)
     replica.rebuild(ebc.units, keys, {f: i for i, f in enumerate(FEATURES)})  # all ranks
     assert torch.equal(replica.keys, keys)
     feature, rows = index.from_flat(keys)
@@ -115,8 +117,12 @@ def serve_step_worker(env, kind: str, lr: float):
             sent += any(k not in in_replica for k in bag)
             served_lookups += sum(k in in_replica for k in bag)
         needed.append(LOCAL_BATCH if replicated else min(LOCAL_BATCH, sent + 1))
+    if served_lookups == 0:  # a rank that serves nothing sends its whole batch (no empty bag)
+        needed = [LOCAL_BATCH] * len(FEATURES)
     plan = ServePlan(replica, [replicated] * len(FEATURES))
     ebc.use_variable_batch()  # what the server does before the first batch
+    # a whole batch first, as in the warm-up: the plain layout's dists, then the other one's
+    plain_logits = serve(batch)[1][1].detach()
     split = next(lockstep(iter([_slice_batch(lo, hi)]), plan=plan))  # all ranks: the agreement
     sizes = gather_varlen(torch.tensor(split.sharded_sizes + needed)).view(WORLD, 2, -1)
     assert split.sharded_sizes == sizes[:, 1].max(0).values.tolist(), sizes  # every rank: the MAX
@@ -133,12 +139,15 @@ def serve_step_worker(env, kind: str, lr: float):
     loss.backward()
     grads = ServedGradients(index, DIM)
     served = serve.module.take_served()
-    assert served is not None and served[1].grad is not None
-    grads.add(*[served[0], served[1].grad])
+    assert (served is not None) == (served_lookups > 0)
+    if served is not None:
+        assert served[1].grad is not None
+        grads.add(*[served[0], served[1].grad])
     grads.push(ebc.units, {f: i for i, f in enumerate(FEATURES)})  # all ranks
     serve_opt.step()
 
     torch.testing.assert_close(logits, off_logits, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(plain_logits, off_logits.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(labels, batch.labels)
     off_params = dict(off.named_parameters())
     dense = 0
@@ -157,7 +166,10 @@ def serve_step_worker(env, kind: str, lr: float):
             moved += int((mine != start).any(dim=1).sum())
             checked += mine.shape[0]
     assert checked > 0
-    return {"sharded": tuple(split.sharded_sizes), "served": served_lookups, "moved": moved}
+    return {
+        "sharded": tuple(split.sharded_sizes), "served": served_lookups, "moved": moved,
+        "variable": split.sparse_features.variable_stride_per_key(),
+    }  # fmt: skip
 
 
 def _shards(serve_value, off_value, full_value):
@@ -180,6 +192,16 @@ def test_a_serve_step_equals_an_off_step(kind):
     if kind != "data_parallel":
         assert min(results[0]["sharded"]) < LOCAL_BATCH, "the sharded part must be compacted to test packing"
         assert len(set(results[0]["sharded"])) > 1, "features of their own sizes, to test the layout"
+    # compacted: TorchRec's variable-batch layout on every rank (data-parallel: whole batches)
+    assert all(r["variable"] == (kind != "data_parallel") for r in results), results
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_serve_step_of_whole_batches_keeps_the_plain_layout_and_equals_an_off_step(kind):
+    results = run_workers(serve_step_worker, world_size=WORLD, kind=kind, lr=0.5, every=WORLD * LOCAL_BATCH)
+    assert all(r["sharded"] == (LOCAL_BATCH,) * len(FEATURES) for r in results), results
+    assert results[0]["served"] > 0, "rank 0 must serve something to test serving in the plain layout"
+    assert not any(r["variable"] for r in results), results
 
 
 def test_with_frozen_tables_serving_changes_no_row():
