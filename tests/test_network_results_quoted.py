@@ -87,22 +87,37 @@ def test_the_step_model_predictions_quote_their_results():
             assert r["comm_ms"] / r["step_ms"] == pytest.approx(r["published_share"], abs=1e-3)
 
 
-def test_the_per_feature_table_quotes_its_run():
-    rows = _rows("docs/slipstream.md", "| job | train s | vs `off` | lookups served | slots | wire over the training steps")
-    doc = json.loads((RESULTS / "network_per_feature_clicklog_dim128.json").read_text())
-    jobs = {"slipstream=off": "off", "slipstream=serve slipstream.serve_when=always": "serve_always", "defaults": "defaults"}
+_JOBS = {"slipstream=off": "off", "slipstream=serve slipstream.serve_when=always": "serve_always", "defaults": "defaults"}
+
+
+def _three_jobs(header: str, name: str, seconds: int, ratio: int):
+    """Each row of the docs' table under ``header`` beside its job's table row and run of
+    results file ``name`` (off, serve-always and the defaults), its train seconds (column
+    ``seconds``, then the speed against off's) and its embedding side on the wire against off's
+    (column ``ratio``) checked; the rows, runs and off's row for the table's other columns."""
+    rows = _rows("docs/slipstream.md", header)
+    doc = json.loads((RESULTS / name).read_text())
     by_job = {r["job"]: r for r in doc["table"]}
     runs = {r["job"]: r for r in doc["runs"]}
     off = by_job["off"]
     assert len(rows) == 3
+    out = []
     for cells in rows:
-        job = jobs[_job(cells[0])]
+        job = _JOBS[_job(cells[0])]
         row, run = by_job[job], runs[job]
-        assert float(cells[1]) == round(row["train_seconds"], 1), cells
+        assert float(cells[seconds]) == round(row["train_seconds"], 1), cells
         if job != "off":
-            assert cells[2] == f"{off['train_seconds'] / row['train_seconds']:.3f}x", cells
-            ratio = row["wire_train_minus_dense_bytes_per_sample"] / off["wire_train_minus_dense_bytes_per_sample"]
-            assert float(cells[7]) == round(ratio, 3), cells
+            assert cells[seconds + 1] == f"{off['train_seconds'] / row['train_seconds']:.3f}x", cells
+            wire = row["wire_train_minus_dense_bytes_per_sample"] / off["wire_train_minus_dense_bytes_per_sample"]
+            assert float(cells[ratio]) == round(wire, 3), cells
+        out.append((cells, job, row, run))
+    return out, runs, off
+
+
+def test_the_per_feature_table_quotes_its_run():
+    header = "| job | train s | vs `off` | lookups served | slots | wire over the training steps"
+    rows, _, _ = _three_jobs(header, "network_per_feature_clicklog_dim128.json", seconds=1, ratio=7)
+    for cells, _, row, run in rows:
         assert float(cells[3]) == round(run["served_fraction"], 3) and float(cells[4]) == round(run["slots_fraction"], 3), cells
         assert float(cells[5]) == round(row["wire_train_bytes_per_sample"]), cells
         assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
@@ -110,24 +125,32 @@ def test_the_per_feature_table_quotes_its_run():
         assert float(cells[9]) == round(row["test_auc"], 4), cells
 
 
-def test_the_host_memory_table_quotes_its_run():
-    rows = _rows("docs/slipstream.md", "| job | train s | vs `off` | slots | its embedding side on the wire")
-    doc = json.loads((RESULTS / "network_host_memory_clicklog_dim128.json").read_text())
-    jobs = {"slipstream=off": "off", "slipstream=serve slipstream.serve_when=always": "serve_always", "defaults": "defaults"}
-    by_job = {r["job"]: r for r in doc["table"]}
-    runs = {r["job"]: r for r in doc["runs"]}
-    off = by_job["off"]
-    assert len(rows) == 3
-    for cells in rows:
-        job = jobs[_job(cells[0])]
-        row, run = by_job[job], runs[job]
-        assert float(cells[1]) == round(row["train_seconds"], 1), cells
+@pytest.mark.parametrize(
+    "header, name",
+    [
+        ("| job | train s | vs `off` | slots | its embedding side on the wire", "network_host_memory_clicklog_dim128.json"),
+        ("| job | train s | vs `off` | slots | the embedding side on the wire", "network_two_layouts_clicklog_dim128.json"),
+    ],
+)
+def test_the_host_memory_and_two_layout_tables_quote_their_runs(header, name):
+    rows, runs, off = _three_jobs(header, name, seconds=1, ratio=5)
+    for cells, job, row, run in rows:
         assert float(cells[3]) == round(run["slots_fraction"], 3), cells
         assert float(cells[4]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
         if job != "off":
-            assert cells[2] == f"{off['train_seconds'] / row['train_seconds']:.3f}x", cells
-            ratio = row["wire_train_minus_dense_bytes_per_sample"] / off["wire_train_minus_dense_bytes_per_sample"]
-            assert float(cells[5]) == round(ratio, 3), cells
             assert float(cells[6]) == round(row["test_auc"] - off["test_auc"], 4), cells
     # every job trained in the same precision, so the ratios compare the policy alone
     assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
+
+
+def test_the_unserved_layout_comparison_quotes_its_run():
+    doc = json.loads((RESULTS / "network_unserved_layout_dim128.json").read_text())
+    by_job = {r["job"]: r for r in doc["table"]}
+    runs = {r["job"]: r for r in doc["runs"]}
+    assert runs["nostale"]["served_fraction"] == 0.0 and runs["nostale"]["slots_fraction"] == 1.0
+    text = " ".join((ROOT / "docs/slipstream.md").read_text().split())
+    off, nostale = by_job["off"], by_job["nostale"]
+    assert (
+        f"`off` {off['train_seconds']:.1f} s, nothing served {nostale['train_seconds']:.1f} s, "
+        f"{off['wire_bytes_per_sample']:,.0f} and {nostale['wire_bytes_per_sample']:,.0f} wire bytes per sample"
+    ) in text
