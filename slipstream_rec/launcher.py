@@ -72,7 +72,11 @@ def explain_failure(failures: Dict[int, "ProcessFailure"], errors: Path) -> Tupl
     found = first_error_line(errors)
     if found is not None:
         rank, line = found
-        code = failures[rank].exitcode if rank in failures else 1
+        # The rank that wrote the earliest line may have been stopped by the agent (SIGTERM)
+        # after writing it, once a peer with the same error exited first: that peer's code.
+        own = [failures[rank].exitcode] if rank in failures and failures[rank].exitcode > 0 else []
+        exited = own + [f.exitcode for _, f in sorted(failures.items()) if f.exitcode > 0]
+        code = exited[0] if exited else 1
         return line, code if code in (2, EXIT_LOST_RANK, 130) else 1
     if signalled:
         return killed(*signalled[0])

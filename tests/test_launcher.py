@@ -97,3 +97,20 @@ def test_a_rank_killed_by_sigabrt_is_explained_as_nccls_watchdog(tmp_path):
     assert "NCCL's watchdog" in line and "trainer.collective_timeout_s" in line
     line, _ = explain_failure({0: SimpleNamespace(exitcode=-signal.SIGKILL)}, tmp_path)
     assert "killed by SIGKILL (out of memory, or stopped from outside)" in line
+
+
+def test_the_earliest_line_s_rank_stopped_by_the_agent_keeps_its_peer_s_exit_code(tmp_path):
+    # Both ranks found the same bad input; rank 0 wrote first, rank 1 exited first (code 2) and the
+    # agent stopped rank 0 (SIGTERM) on its way out: still one line and exit code 2, not 1.
+    import signal
+    from types import SimpleNamespace
+
+    from slipstream_rec.launcher import explain_failure
+
+    (tmp_path / "rank0.err").write_text("100\tslipstream-train: error: the cause")
+    (tmp_path / "rank1.err").write_text("101\tslipstream-train: error: the echo")
+    failures = {0: SimpleNamespace(exitcode=-signal.SIGTERM), 1: SimpleNamespace(exitcode=2)}
+    assert explain_failure(failures, tmp_path) == ("slipstream-train: error: the cause", 2)
+    assert explain_failure({1: SimpleNamespace(exitcode=2)}, tmp_path) == ("slipstream-train: error: the cause", 2)
+    failures = {0: SimpleNamespace(exitcode=1), 1: SimpleNamespace(exitcode=2)}  # its own code first
+    assert explain_failure(failures, tmp_path) == ("slipstream-train: error: the cause", 1)
