@@ -92,15 +92,22 @@ def test_two_process_training_learns_and_writes_a_complete_run(tmp_path, data_ro
     assert "batch_size: 512" in (run_dir / "config.yaml").read_text()  # the resolved config
 
 
-def test_periodic_evaluation_does_not_change_training(tmp_path, data_root):
+@pytest.mark.parametrize("policy", ["off", "serve"])
+def test_periodic_evaluation_does_not_change_training(tmp_path, data_root, policy):
     # Pausing TorchRec's pipeline for evaluation must not disturb the batches in flight: the same
-    # run with and without evaluations every 7 steps ends with bit-identical predictions.
-    common = ("sharding=row_wise",)
+    # run with and without evaluations every 7 steps ends with bit-identical predictions. Under
+    # serve the batches after an evaluation are compacted (variable-batch) ones, whose row-wise
+    # output dists need the sizes the pipeline's fresh context after an evaluation lacks.
+    common = ("sharding=row_wise", f"slipstream={policy}", "slipstream.serve_when=always")
+    if policy == "serve":  # a stale set after the first few steps, so that most steps serve
+        common += ("slipstream.count_steps=4", "slipstream.snapshot_interval=2", "slipstream.min_count=1", "slipstream.replica_sync_steps=2")
     a = _torchrun(tmp_path / "a", data_root, *common, "trainer.eval_every_steps=0")
     b = _torchrun(tmp_path / "b", data_root, *common, "trainer.eval_every_steps=7")
     assert len(b["eval_history"]) > len(a["eval_history"])
     assert a["val_logloss"] == b["val_logloss"] and a["test_auc"] == b["test_auc"]
     assert a["sharding_plan"] == b["sharding_plan"] and set(a["sharding_plan"].values()) == {"row_wise"}
+    if policy == "serve":
+        assert a["slots_fraction"] == b["slots_fraction"] < 0.9, "compacted batches, before and after the evaluations"
 
 
 def test_every_epoch_is_trained_with_either_pipeline(tmp_path, data_root):

@@ -27,7 +27,11 @@ import torch
 from tests.dist_harness import run_workers
 from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
 
-KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]  # sharding.type
+# sharding.type; "mixed": table-wise with f1's and f2's tables data-parallel, so that a compacted
+# batch's variable-batch KJT also carries data-parallel features (their whole batch, laid out
+# feature-major: two of them, since one feature's layout is the same either way)
+KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel", "mixed"]
+DATA_PARALLEL_IN_MIXED = ("f1", "f2")
 DIM = 8
 
 
@@ -60,9 +64,14 @@ def _models(kind: str, lr: float):
         model = build_model(cfg, 13, FEATURES, ROWS, cpu)
         tables = [p for n, p in model.named_parameters() if "embedding_bags" in n]
         apply_optimizer_in_backward(torch.optim.SGD, tables, {"lr": lr})  # lr 0 allowed here
-        sharding = ShardingConfig(type=ShardingKind[kind], column_shard_dim=4)
+        if kind == "mixed":
+            overrides = {f"t_{f}": ShardingKind.data_parallel for f in DATA_PARALLEL_IN_MIXED}
+            sharding = ShardingConfig(type=ShardingKind.table_wise, table_overrides=overrides)
+        else:
+            sharding = ShardingConfig(type=ShardingKind[kind], column_shard_dim=4)
         dmp = shard_model(model, sharding, embedding_bag_configs(cfg, FEATURES, ROWS), cpu, LOCAL_BATCH)
-        assert set(describe_plan(dmp).values()) == {kind}
+        expected = {"table_wise", "data_parallel"} if kind == "mixed" else {kind}
+        assert set(describe_plan(dmp).values()) == expected
         load_full_state_dict(dmp, full)
         optimizer, _ = build_optimizer(dmp, optim_cfg)
         ebc = [m for m in dmp.modules() if isinstance(m, SlipstreamShardedEBC)]
@@ -108,7 +117,7 @@ def serve_step_worker(env, kind: str, lr: float, every: int = 4):
     flat = index.flat_keys(kjt).tolist()
     lengths = kjt.lengths().tolist()
     needed, served_lookups, at = [], 0, 0
-    replicated = kind == "data_parallel"
+    replicated = [kind == "data_parallel" or (kind == "mixed" and f in DATA_PARALLEL_IN_MIXED) for f in FEATURES]
     for f in range(len(FEATURES)):  # plain loops: bags of f with a lookup outside the replica
         sent = 0
         for i in range(LOCAL_BATCH):
@@ -116,10 +125,10 @@ def serve_step_worker(env, kind: str, lr: float, every: int = 4):
             at += len(bag)
             sent += any(k not in in_replica for k in bag)
             served_lookups += sum(k in in_replica for k in bag)
-        needed.append(LOCAL_BATCH if replicated else min(LOCAL_BATCH, sent + 1))
+        needed.append(LOCAL_BATCH if replicated[f] else min(LOCAL_BATCH, sent + 1))
     if served_lookups == 0:  # a rank that serves nothing sends its whole batch (no empty bag)
         needed = [LOCAL_BATCH] * len(FEATURES)
-    plan = ServePlan(replica, [replicated] * len(FEATURES))
+    plan = ServePlan(replica, replicated)
     ebc.use_variable_batch()  # what the server does before the first batch
     # a whole batch first, as in the warm-up: the plain layout's dists, then the other one's
     plain_logits = serve(batch)[1][1].detach()
