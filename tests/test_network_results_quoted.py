@@ -154,3 +154,29 @@ def test_the_unserved_layout_comparison_quotes_its_run():
         f"`off` {off['train_seconds']:.1f} s, nothing served {nostale['train_seconds']:.1f} s, "
         f"{off['wire_bytes_per_sample']:,.0f} and {nostale['wire_bytes_per_sample']:,.0f} wire bytes per sample"
     ) in text
+
+
+def test_the_warm_up_and_sync_table_quotes_its_run():
+    """The table of the hot set counted over 20 steps instead of 100, with pushes and syncs every
+    25 steps or a replica bound, against off and serve-always of the same run."""
+    doc = json.loads((RESULTS / "network_warmup_clicklog_dim128.json").read_text())
+    by_job = {r["job"]: r for r in doc["table"]}
+    runs = {r["job"]: r for r in doc["runs"]}
+    off = by_job["off"]
+    rows = _rows("docs/slipstream.md", "| job | its overrides | train s | vs `off` | slots | push + replica")
+    assert [_job(cells[0]) for cells in rows] == [r["job"] for r in doc["runs"]]
+    for cells in rows:
+        job = _job(cells[0])
+        row, run = by_job[job], runs[job]
+        assert cells[1] == f"`{' '.join(doc['jobs'][job])}`", cells
+        assert float(cells[2]) == round(row["train_seconds"], 1), cells
+        assert float(cells[4]) == round(run["slots_fraction"], 3), cells
+        program = run["program_off_rank_bytes_per_sample"]
+        assert float(cells[5]) == round(program["push"] + program["replica"]), cells
+        assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        if job != "off":
+            assert cells[3] == f"{off['train_seconds'] / row['train_seconds']:.3f}x", cells
+            wire = row["wire_train_minus_dense_bytes_per_sample"] / off["wire_train_minus_dense_bytes_per_sample"]
+            assert float(cells[7]) == round(wire, 3), cells
+            assert float(cells[8]) == round(row["test_auc"] - off["test_auc"], 4), cells
+    assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
