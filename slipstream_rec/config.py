@@ -103,7 +103,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
         job.trainer.validate()
         job.slipstream.validate()
         job.optim.validate()
-        check_model_config(job.model)
+        job.model.validate()
         for direction in ("forward", "backward"):
             if job.slipstream.serves and getattr(job.sharding.qcomms, direction).value == "int8":
                 # int8 rows of 32 values need the sharded batch to be a multiple of 32; serve
@@ -123,14 +123,6 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
     except ValueError as e:  # the component's message names its key and the fix
         raise ConfigError(f"invalid configuration: {e}") from e
     return job
-
-
-def check_model_config(model: ModelConfig) -> None:
-    """The model's layer-size rules, checked before any process group or run directory exists
-    (``build_model`` checks them again where they are used)."""
-    from slipstream_rec.model.dlrm import _check  # imports torchrec: only when validating
-
-    _check(model)
 
 
 def to_yaml(job: JobConfig) -> str:

@@ -57,3 +57,19 @@ class ModelConfig:
     # Storage type of the embedding rows: fp32 or fp16 (the TBE's weights_precision; pooled
     # embeddings are returned in fp32). Slipstream's snapshots compare the rows in fp32.
     embedding_dtype: EmbeddingDtype = EmbeddingDtype.fp32
+
+    def validate(self) -> None:
+        """The layer-size rules of TorchRec's DLRM, checked before any process group or run
+        directory exists and again where the model is built."""
+        if not self.dense_arch_layer_sizes or self.dense_arch_layer_sizes[-1] != self.embedding_dim:
+            raise ValueError(
+                f"model.dense_arch_layer_sizes={list(self.dense_arch_layer_sizes)} must end with "
+                f"model.embedding_dim={self.embedding_dim}: DLRM interacts the bottom MLP output with "
+                "the embeddings, so set the last layer to the embedding dim"
+            )
+        if len(self.over_arch_layer_sizes) < 2 or self.over_arch_layer_sizes[-1] != 1:
+            raise ValueError(
+                f"model.over_arch_layer_sizes={list(self.over_arch_layer_sizes)} must have at least "
+                "two layers (TorchRec's OverArch) and end with 1 (one click logit per sample), "
+                "e.g. [512, 256, 1]"
+            )

@@ -41,21 +41,6 @@ def embedding_bag_configs(
     ]
 
 
-def _check(cfg: ModelConfig) -> None:
-    if not cfg.dense_arch_layer_sizes or cfg.dense_arch_layer_sizes[-1] != cfg.embedding_dim:
-        raise ValueError(
-            f"model.dense_arch_layer_sizes={list(cfg.dense_arch_layer_sizes)} must end with "
-            f"model.embedding_dim={cfg.embedding_dim}: DLRM interacts the bottom MLP output with "
-            "the embeddings, so set the last layer to the embedding dim"
-        )
-    if len(cfg.over_arch_layer_sizes) < 2 or cfg.over_arch_layer_sizes[-1] != 1:
-        raise ValueError(
-            f"model.over_arch_layer_sizes={list(cfg.over_arch_layer_sizes)} must have at least "
-            "two layers (TorchRec's OverArch) and end with 1 (one click logit per sample), "
-            "e.g. [512, 256, 1]"
-        )
-
-
 class DLRMTask(nn.Module):
     """DLRM plus its loss: ``forward(batch) -> (loss, (loss, logits, labels, weights))``.
 
@@ -112,7 +97,7 @@ def build_model(
     embedding_device: torch.device = torch.device("meta"),
 ) -> DLRMTask:
     """The unsharded model. Tables live on ``meta`` so that DMP materialises only local shards."""
-    _check(cfg)
+    cfg.validate()
     ebc = EmbeddingBagCollection(
         tables=embedding_bag_configs(cfg, feature_names, num_embeddings), device=embedding_device
     )

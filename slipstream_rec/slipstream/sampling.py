@@ -245,18 +245,3 @@ class SkipDecider:
         self.current_window = WindowStats(**state["current_window"])  # type: ignore[arg-type]
         self.totals = WindowStats(**state["totals"])  # type: ignore[arg-type]
         self.last_threshold = state["last_threshold"]  # type: ignore[assignment]
-
-    def state(self) -> Dict[str, object]:
-        """Totals, the open window and the settings (for logging)."""
-        return {
-            "enabled": self.enabled,
-            "alpha": self.alpha,
-            "keep_probability": self.keep_probability,
-            "random_fraction": self.random_fraction,
-            "max_skip_fraction": self.max_skip_fraction,
-            "window_samples": self.window_samples,
-            "window_budget": self.window_budget,
-            "last_threshold": self.last_threshold,
-            "totals": {k: v for k, v in self.totals.as_dict().items() if k != "index"},
-            "current_window": self.current_window.as_dict(),
-        }

@@ -110,12 +110,6 @@ class SkippingStream:
             return self._upcoming.popleft()
         return self._pull()
 
-    @property
-    def upcoming_rows(self) -> int:
-        """Raw rows buffered in the look-ahead (after filling it)."""
-        self._fill()
-        return sum(b.batch_size for b in self._upcoming)
-
     def peek_upcoming(self, max_samples: int) -> Optional[Batch]:
         """Up to ``max_samples`` raw rows that will be classified next, without consuming them.
 
