@@ -13,28 +13,33 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 @dataclass
 class ServedRows:
     """The rows a batch's served lookups hit, keyed on the host when the batch is split
-    (slipstream/push.py ``served_rows``), so that the training step sums their gradients with one
-    ``index_add_`` into a buffer whose size the host already knows.
+    (slipstream/push.py ``served_rows``): the lookups grouped by row, so that the training step
+    sums their gradients with one SUM ``embedding_bag`` over the rows (a bag per row, its lookups'
+    bags as the indices) into a buffer whose size the host already knows. Within a row the
+    lookups keep their batch order, so the sums equal a sequential ``index_add_`` bit for bit;
+    and unlike ``index_add_`` on CUDA (atomics) they are deterministic.
 
     ``keys`` and ``counts`` stay on the host (the push and the hot-set counts read them there);
-    ``inverse`` and ``bags`` travel to the device with the batch.
+    ``bags`` and ``offsets`` travel to the device with the batch.
     """
 
     keys: torch.Tensor  # (K,) int64 sorted distinct flat keys (slipstream/rows.py RowIndex)
     counts: torch.Tensor  # (K,) int64 lookups of each key
-    inverse: torch.Tensor  # (lookups,) int64: each lookup's position in ``keys``
-    bags: torch.Tensor  # (lookups,) int64: each lookup's bag, feature-major (feature * B + sample)
+    # (lookups,) int64: each lookup's bag, feature-major (feature * B + sample), grouped by key
+    # in ``keys`` order, batch order within a key
+    bags: torch.Tensor
+    offsets: torch.Tensor  # (K,) int64: where each key's lookups start in ``bags``
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "ServedRows":
         move = lambda t: t.to(device=device, non_blocking=non_blocking)  # noqa: E731
-        return ServedRows(self.keys, self.counts, move(self.inverse), move(self.bags))
+        return ServedRows(self.keys, self.counts, move(self.bags), move(self.offsets))
 
     def pin_memory(self) -> "ServedRows":
-        return ServedRows(self.keys, self.counts, self.inverse.pin_memory(), self.bags.pin_memory())
+        return ServedRows(self.keys, self.counts, self.bags.pin_memory(), self.offsets.pin_memory())
 
     def record_stream(self, stream: torch.Stream) -> None:
-        self.inverse.record_stream(stream)
         self.bags.record_stream(stream)
+        self.offsets.record_stream(stream)
 
 
 @dataclass

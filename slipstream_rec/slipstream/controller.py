@@ -678,6 +678,7 @@ class SlipstreamController:
             **{f"{k}_seconds": v for k, v in self.seconds.items() if k != "count"},
             "serve_seconds": self.plan.seconds,
             "push_seconds": self.server.push_seconds if self.server is not None else 0.0,
+            "served_sum_seconds": self.server.sum_seconds if self.server is not None else 0.0,
             "serve_lever": self.lever.state.value if self.lever.auto else None,
         }
         if self.server is not None:
@@ -717,5 +718,5 @@ class SlipstreamController:
         return sum(m.count_seconds for m in self.tracker.modules)
 
     def overhead_seconds(self) -> float:
-        push = self.server.push_seconds if self.server is not None else 0.0
+        push = self.server.push_seconds + self.server.sum_seconds if self.server is not None else 0.0
         return self.count_seconds() + push + sum(v for k, v in self.seconds.items() if k != "count")

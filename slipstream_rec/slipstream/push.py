@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from slipstream_rec.data.types import ServedRows, host_kjt
 from slipstream_rec.distributed import all_gather_objects, exchange_varlen
@@ -35,13 +36,15 @@ __all__ = ["RowOwners", "ServedGradients", "served_rows", "unit_cuts"]
 def served_rows(pos: torch.Tensor, bags: torch.Tensor, keys: torch.Tensor) -> ServedRows:
     """The rows of the served lookups, keyed on the host: ``pos`` is each lookup's row in the
     replica's sorted flat ``keys``, ``bags`` its bag (feature-major: the layout of the pooled
-    embeddings' gradient). Counted into the replica's rows (a bincount, not the sort a
-    ``unique`` of the keys would take). Local."""
+    embeddings' gradient). Counted into the replica's rows (a bincount), and the lookups grouped
+    by row with a stable sort (batch order kept within a row), here on the host at split time so
+    that the step's sum is one kernel. Local."""
     counts = torch.bincount(pos, minlength=keys.numel())
-    hit = counts > 0
-    present = hit.nonzero().view(-1)
-    inverse = (torch.cumsum(hit, 0) - 1).index_select(0, pos)
-    return ServedRows(keys.index_select(0, present), counts.index_select(0, present), inverse, bags)
+    present = (counts > 0).nonzero().view(-1)
+    counts = counts.index_select(0, present)
+    order = torch.sort(pos, stable=True).indices
+    offsets = torch.cumsum(counts, 0) - counts
+    return ServedRows(keys.index_select(0, present), counts, bags.index_select(0, order), offsets)
 
 
 class RowOwners:
@@ -91,14 +94,14 @@ class ServedGradients:
     @torch.no_grad()
     def add(self, rows: ServedRows, bag_grads: torch.Tensor) -> None:
         """Add the gradient ``bag_grads`` (F, B, D) of the replica parts of a batch's pooled
-        embeddings to the rows of its served lookups ``rows`` (``served_rows``). Local; no host
-        read: the step's sums go into a buffer of ``rows.keys`` rows, which the host knows."""
-        if rows.inverse.numel() == 0:
+        embeddings to the rows of its served lookups ``rows`` (``served_rows``): a bag per row
+        whose indices are its lookups' bags. Local; no host read: the step's sums are a buffer of
+        ``rows.keys`` rows, which the host knows."""
+        if rows.bags.numel() == 0:
             return
         per_bag = bag_grads.detach().float().reshape(-1, self.dim)  # feature-major, as the bags
-        per_lookup = per_bag.index_select(0, rows.bags)
-        step_grads = torch.zeros(rows.keys.numel(), self.dim, device=per_bag.device)
-        self._parts.append((rows.keys, step_grads.index_add_(0, rows.inverse, per_lookup)))
+        step_grads = F.embedding_bag(rows.bags, per_bag, rows.offsets, mode="sum")  # (K, D)
+        self._parts.append((rows.keys, step_grads))
 
     def _merge(self) -> None:
         """The steps' sums merged (few distinct rows per step, many lookups): keys on the host,

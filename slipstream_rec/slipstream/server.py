@@ -60,6 +60,8 @@ class StaleServer:
             module.use_variable_batch()
         self.grads = ServedGradients(index, dim, device)
         self.push_seconds = 0.0
+        # host seconds summing the served gradients per row every step (a kernel launch on a GPU)
+        self.sum_seconds = 0.0
         self._counts: List[Counts] = []  # served lookups of counted steps, merged lazily
 
     # ---- after backward (collective on sync steps) --------------------------------------------
@@ -69,8 +71,10 @@ class StaleServer:
         sums (all ranks: ``sync_step`` is the same on every rank)."""
         served = task.take_served()
         if served is not None and served[1].grad is not None:
+            t0 = time.perf_counter()
             rows = served[0]  # ServedRows, keyed on the host when the batch was split
             self.grads.add(rows, served[1].grad)
+            self.sum_seconds += time.perf_counter() - t0
             if self.tracker.modules[0].counting:
                 self._counts.append((rows.keys, rows.counts))  # host tensors: no read back
         if sync_step:
@@ -129,6 +133,7 @@ class StaleServer:
             "grads": self.grads.state_dict(),
             "counts": self._merged(),
             "push_seconds": self.push_seconds,
+            "sum_seconds": self.sum_seconds,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -136,3 +141,4 @@ class StaleServer:
         self.grads.load_state_dict(state["grads"])
         self._counts = [state["counts"]] if state["counts"] is not None else []
         self.push_seconds = float(state["push_seconds"])
+        self.sum_seconds = float(state.get("sum_seconds", 0.0))  # absent from older checkpoints

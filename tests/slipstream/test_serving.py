@@ -254,6 +254,30 @@ def test_served_gradients_sum_per_row_over_every_occurrence():
     torch.testing.assert_close(grads.grads, torch.stack([expected[k] for k in sorted(expected)]))
 
 
+def test_a_steps_row_sums_equal_a_sequential_index_add_bit_for_bit():
+    # many lookups per row in a random order: the grouping by row must keep batch order within
+    # a row, so the sums round exactly as a one-thread index_add_ over the lookups does
+    g = torch.Generator().manual_seed(11)
+    num_bags, lookups, dim = 64, 900, 8
+    keys = torch.arange(0, 400, 3)  # sorted flat keys of a replica
+    pos = torch.randint(0, keys.numel() // 2, (lookups,), generator=g) * 2  # half the rows, uneven
+    bags = torch.randint(0, num_bags, (lookups,), generator=g)
+    bag_grads = torch.randn(num_bags, dim, generator=g) * torch.logspace(-4, 4, num_bags).unsqueeze(1)
+    rows = served_rows(pos, bags, keys)
+    assert torch.equal(rows.keys, keys[torch.unique(pos)])
+    assert torch.equal(rows.counts, torch.bincount(pos)[torch.unique(pos)])
+    sums = ServedGradients(RowIndex(["f"], [400]), dim)
+    sums.add(rows, bag_grads.view(1, num_bags, dim))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        inverse = torch.searchsorted(torch.unique(pos), pos)
+        expected = torch.zeros(rows.keys.numel(), dim).index_add_(0, inverse, bag_grads[bags])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(sums.grads, expected)
+
+
 @pytest.mark.parametrize("column_split", [False, True])
 def test_a_sync_sends_only_the_rows_that_moved_past_the_bound_and_the_rows_that_joined(column_split):
     replica, tables, index = _replica(column_split)

@@ -75,7 +75,7 @@ def test_a_served_batch_leaves_the_data_side_with_host_tensors_only_and_pins(str
     pinned = batch.pin_memory()  # what Trainer._timed does on CUDA, every batch
     moved = pinned.to(META, non_blocking=True)  # the pipeline's copy to the device
     assert moved.served.pooled.is_meta and moved.sparse_features.inverse_indices()[1].is_meta
-    assert moved.served.rows.inverse.is_meta and moved.served.rows.bags.is_meta
+    assert moved.served.rows.bags.is_meta and moved.served.rows.offsets.is_meta
     # what stays on the host when the batch moves: the push's keys and the counts
     assert moved.served.rows.keys.device.type == "cpu" and moved.served.rows.counts.device.type == "cpu"
 
