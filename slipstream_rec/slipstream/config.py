@@ -54,6 +54,16 @@ class ServeWhen(Enum):
     auto = "auto"
 
 
+class SyncPrecision(Enum):
+    """What serve's own collectives put on the wire for a row's values (``sync_precision``)."""
+
+    fp32 = "fp32"  # 4 bytes a value: the pushed sums exact, the replica equal to its shards
+    # 2 bytes a value: the pushed sums rounded to bf16 (as TorchRec's bf16 backward qcomms round
+    # the sharded gradients); the replica sync sends bf16 differences from the copy every rank
+    # holds, so its rounding does not accumulate
+    bf16 = "bf16"
+
+
 class ChangeMetric(Enum):
     linf = "linf"  # largest absolute change of any element of the row (the paper's)
     rel_l2 = "rel_l2"  # L2 norm of the row's change / L2 norm of the row
@@ -106,6 +116,12 @@ class SlipstreamConfig:
     # a served row then differs from its shard by at most this plus the pushes since the last
     # sync; -1: every row every sync (a full copy).
     replica_sync_bound: float = 0.0
+    # serve: the precision of the values the push and the replica sync send (the keys are int64
+    # either way). fp32: exact. bf16: half the bytes; a pushed sum is rounded to bf16, and a
+    # replica row is sent again only where it differs from its shard by more than the bound
+    # plus bf16's resolution at the shard's value (2^-8 of it, per element), so that a served
+    # row differs from its shard by at most that plus the pushes since the last sync.
+    sync_precision: SyncPrecision = SyncPrecision.fp32
     # --- does serving pay? (serve only; slipstream/serve_lever.py)
     # always: serve wherever rows are stale; auto: measure in the run whether a step with
     # serving is faster than one without (a window each, then re-checked) and serve only while

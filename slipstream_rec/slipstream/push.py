@@ -33,6 +33,7 @@ from slipstream_rec.slipstream.sharded import ShardUnit
 __all__ = ["RowOwners", "ServedGradients", "served_rows", "unit_cuts"]
 
 
+
 def served_rows(pos: torch.Tensor, bags: torch.Tensor, keys: torch.Tensor) -> ServedRows:
     """The rows of the served lookups, keyed on the host: ``pos`` is each lookup's row in the
     replica's sorted flat ``keys``, ``bags`` its bag (feature-major: the layout of the pooled
@@ -74,10 +75,14 @@ class ServedGradients:
     """Per-row sums of the served samples' embedding gradients on this rank: the rows' sorted
     flat keys on the host, their sums on the training device."""
 
-    def __init__(self, index: RowIndex, dim: int, device: torch.device = torch.device("cpu")) -> None:
+    def __init__(
+        self, index: RowIndex, dim: int, device: torch.device = torch.device("cpu"),
+        wire_dtype: torch.dtype = torch.float32,
+    ) -> None:  # fmt: skip
         self.index = index
         self.dim = int(dim)
         self.device = device
+        self.wire_dtype = wire_dtype  # slipstream.sync_precision: what a pushed sum travels as
         self._keys = torch.zeros(0, dtype=torch.int64)
         self._grads = torch.zeros(0, self.dim, device=device)
         self._parts: List[Any] = []  # (host keys, device sums) of the steps since the last merge
@@ -144,11 +149,13 @@ class ServedGradients:
         rank = dist.get_rank() if dist.is_initialized() else 0
         picks = [m.nonzero().view(-1) for m in self.owners.masks(keys)]
         key_parts = [keys.index_select(0, p) for p in picks]
-        grad_parts = [grads.index_select(0, p.to(grads.device, non_blocking=True)).reshape(-1) for p in picks]
-        sent = sum(k.numel() * 8 + k.numel() * self.dim * 4 for r, k in enumerate(key_parts) if r != rank)
+        wire = self.wire_dtype
+        grad_parts = [grads.index_select(0, p.to(grads.device, non_blocking=True)).to(wire).reshape(-1) for p in picks]
+        width = torch.finfo(wire).bits // 8
+        sent = sum(k.numel() * (8 + self.dim * width) for r, k in enumerate(key_parts) if r != rank)
         all_keys, lengths = exchange_varlen(key_parts, with_lengths=True)  # all ranks
         all_grads = exchange_varlen(grad_parts, lengths=[n * self.dim for n in lengths], bulk=True)
-        all_grads = all_grads.view(-1, self.dim)
+        all_grads = all_grads.float().view(-1, self.dim)
         world = dist.get_world_size() if dist.is_initialized() else 1
         unique, inverse = torch.unique(all_keys, return_inverse=True)  # host
         total = torch.zeros(unique.numel(), self.dim, device=all_grads.device)

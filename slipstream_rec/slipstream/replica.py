@@ -46,13 +46,21 @@ __all__ = ["StaleReplica"]
 class StaleReplica:
     """The stale rows as one local (rows, D) table: sorted flat ``keys`` and their ``values``."""
 
-    def __init__(self, index: RowIndex, dim: int, device: torch.device) -> None:
+    def __init__(
+        self, index: RowIndex, dim: int, device: torch.device, wire_dtype: torch.dtype = torch.float32
+    ) -> None:
         # index: the flat key space of all tables; dim: the embedding dim (every table's);
         # device: where the values live and the served pooled embeddings are computed: the host
-        # under serve (see the module docstring).
+        # under serve (see the module docstring); wire_dtype: what a sync sends of a row
+        # (slipstream.sync_precision): float32 sends the rows, bfloat16 their difference from
+        # the copy every rank holds (``rebuild``).
         self.index = index
         self.dim = int(dim)
         self.device = device
+        self.wire_dtype = wire_dtype
+        # Below this share of a value, a row's difference from its shard is the wire's own
+        # rounding, not a move: a bf16 difference leaves up to 2^-8 of itself behind.
+        self.resolution = 0.0 if wire_dtype is torch.float32 else torch.finfo(wire_dtype).eps / 2
         self.keys = torch.zeros(0, dtype=torch.int64)  # sorted flat keys, on the host
         self.values = torch.zeros(0, self.dim, dtype=torch.float32, device=device)
         self.rebuilds = 0
@@ -77,8 +85,12 @@ class StaleReplica:
         """Make the replica the rows ``keys`` (sorted flat keys, identical on every rank), from
         the shards, sending only what changed: a row the replica already holds is sent again
         only where the shard's values differ from the held copy by more than ``bound`` (the
-        largest absolute difference over the columns a shard holds); a row that joins is sent
-        whole. ``bound`` < 0 sends every row.
+        largest absolute difference over the columns a shard holds; under bf16 by more than
+        ``bound`` plus the wire's resolution at the shard's value, in any element); a row that
+        joins is sent whole. ``bound`` < 0 sends every row. Under fp32 a sent row's values
+        replace the copy; under bf16 what is sent is the shard minus the copy, which every
+        rank adds to its copy (a joining row's copy is zeros), so the copy stays within the
+        wire's rounding of its last difference from the shard.
 
         Under per-lookup serving a replica row changes on its shard only through the pushes
         (every lookup of it is served), so between two syncs only the rows pushed move, and a
@@ -117,9 +129,10 @@ class StaleReplica:
             rows = flat_rows[at : at + (hi - lo) * width].view(hi - lo, width)
             at += (hi - lo) * width
             moved = ~held[lo:hi]
+            copy = values[lo:hi, col : col + width]
             if bound >= 0:
-                diff = (rows - values[lo:hi, col : col + width]).abs().amax(1)
-                moved |= diff > bound
+                resolution = 0.0 if replicated else self.resolution  # copied here: exact
+                moved |= ((rows - copy).abs() > bound + resolution * rows.abs()).any(1)
             else:
                 moved[:] = True
             idx = moved.nonzero().view(-1)
@@ -130,22 +143,28 @@ class StaleReplica:
             if idx.numel():
                 descriptors += [col, width, int(idx.numel())]
                 positions.append(lo + idx)
-                send.append(rows.index_select(0, idx).reshape(-1))
+                out = rows.index_select(0, idx)
+                send.append((out if self.resolution == 0 else out - copy.index_select(0, idx)).reshape(-1))
         mine = torch.tensor(descriptors, dtype=torch.int64)
         where = torch.cat(positions) if positions else torch.zeros(0, dtype=torch.int64)
-        sent = torch.cat(send).to(home) if send else torch.zeros(0, device=home)
-        self.sync_bytes += (mine.numel() + where.numel()) * 8 + sent.numel() * 4
+        wire = self.wire_dtype
+        sent = torch.cat(send).to(home, wire) if send else torch.zeros(0, dtype=wire, device=home)
+        self.sync_bytes += (mine.numel() + where.numel()) * 8 + sent.numel() * sent.element_size()
         self.rows_sent += int(where.numel())
         # All ranks: the descriptors and positions (host), then the values (main backend).
         all_desc, counts = gather_varlen(mine, with_lengths=True)
         per_rank = all_desc.view(-1, 3).split([c // 3 for c in counts])
         all_where = gather_varlen(where, lengths=[int(d[:, 2].sum()) for d in per_rank])  # sized by them
         widths = [int((d[:, 1] * d[:, 2]).sum()) for d in per_rank]
-        received = gather_varlen(sent, lengths=widths, bulk=True).cpu()
+        received = gather_varlen(sent, lengths=widths, bulk=True).cpu().float()
         at_pos = at_val = 0
         for col, width, count in all_desc.view(-1, 3).tolist():
             idx = all_where[at_pos : at_pos + count]
-            values[idx, col : col + width] = received[at_val : at_val + count * width].view(count, width)
+            got = received[at_val : at_val + count * width].view(count, width)
+            if self.resolution == 0:
+                values[idx, col : col + width] = got
+            else:  # differences from the copy this rank holds too
+                values[idx, col : col + width] += got
             filled[idx] += width
             at_pos, at_val = at_pos + count, at_val + count * width
         assert bool((filled[~held] == dim).all()), "every row that joined assembled from all of its columns"

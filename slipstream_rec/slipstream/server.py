@@ -34,7 +34,9 @@ Counts = Tuple[torch.Tensor, torch.Tensor]  # (sorted flat keys, int64 counts)
 class StaleServer:
     """Replica, split plan, served gradients and served lookup counts of one rank."""
 
-    def __init__(self, tracker: StalenessTracker, index: RowIndex, sync_bound: float = 0.0) -> None:
+    def __init__(
+        self, tracker: StalenessTracker, index: RowIndex, sync_bound: float = 0.0, sync_precision: str = "fp32"
+    ) -> None:
         # Collective (all ranks): the embedding dim is agreed by a MAX all-reduce, as a rank may
         # hold no shard at all.
         units = tracker.units
@@ -50,15 +52,16 @@ class StaleServer:
         self.tracker = tracker
         self.index = index
         self.sync_bound = float(sync_bound)  # slipstream.replica_sync_bound
+        self.wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sync_precision]  # slipstream.sync_precision
         # The replica lives on the host, where the data side reads it (replica.py); the served
         # gradients are summed where they are computed.
-        self.replica = StaleReplica(index, dim, torch.device("cpu"))
+        self.replica = StaleReplica(index, dim, torch.device("cpu"), self.wire_dtype)
         # Data-parallel tables are on every rank, so every rank knows which features they are.
         replicated = {u.feature for u in units if u.replicated}
         self.plan = ServePlan(self.replica, [f in replicated for f in index.feature_names])
         for module in tracker.modules:  # before the first batch: per-feature sizes from the start
             module.use_variable_batch()
-        self.grads = ServedGradients(index, dim, device)
+        self.grads = ServedGradients(index, dim, device, self.wire_dtype)
         self.push_seconds = 0.0
         # host seconds summing the served gradients per row every step (a kernel launch on a GPU)
         self.sum_seconds = 0.0

@@ -91,7 +91,7 @@ def _replica_keys(index, every: int):
     return torch.unique(index.flat_keys(select_kjt(whole, torch.arange(0, WORLD * LOCAL_BATCH, every))))
 
 
-def serve_step_worker(env, kind: str, lr: float, every: int = 4):
+def serve_step_worker(env, kind: str, lr: float, every: int = 4, wire: str = "fp32"):
     from slipstream_rec.distributed import gather_varlen
     from slipstream_rec.slipstream.lockstep import lockstep
     from slipstream_rec.slipstream.push import ServedGradients
@@ -146,14 +146,19 @@ def serve_step_worker(env, kind: str, lr: float, every: int = 4):
     serve_opt.zero_grad()
     loss, (_, logits, labels, _) = serve(split)
     loss.backward()
-    grads = ServedGradients(index, DIM)
+    wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[wire]
+    grads = ServedGradients(index, DIM, wire_dtype=wire_dtype)
     served = serve.module.take_served()
     assert (served is not None) == (served_lookups > 0)
     if served is not None:
         assert served[1].grad is not None
         grads.add(*[served[0], served[1].grad])
-    grads.push(ebc.units, {f: i for i, f in enumerate(FEATURES)})  # all ranks
+    pushed = grads.keys.clone()
+    sent = grads.push(ebc.units, {f: i for i, f in enumerate(FEATURES)})  # all ranks
     serve_opt.step()
+    # what the push sent to other ranks: each row's key and its values at the wire's width
+    off_rank = sum(int(m.sum()) for r, m in enumerate(grads.owners.masks(pushed)) if r != env.rank)
+    assert sent == off_rank * (8 + DIM * (4 if wire == "fp32" else 2)), (sent, off_rank)
 
     torch.testing.assert_close(logits, off_logits, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(plain_logits, off_logits.detach(), rtol=1e-5, atol=1e-6)
@@ -171,13 +176,16 @@ def serve_step_worker(env, kind: str, lr: float, every: int = 4):
         if "embedding_bags" not in key:
             continue
         for mine, theirs, start in _shards(value, off_state[key], full[key]):
-            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+            if wire == "fp32":
+                torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+            else:  # SGD: the pushed part of each row's step rounded to bf16 (2^-8 of it at most)
+                torch.testing.assert_close(mine - start, theirs - start, rtol=2**-7, atol=1e-6)
             moved += int((mine != start).any(dim=1).sum())
             checked += mine.shape[0]
     assert checked > 0
     return {
         "sharded": tuple(split.sharded_sizes), "served": served_lookups, "moved": moved,
-        "variable": split.sparse_features.variable_stride_per_key(),
+        "variable": split.sparse_features.variable_stride_per_key(), "sent": sent,
     }  # fmt: skip
 
 
@@ -203,6 +211,12 @@ def test_a_serve_step_equals_an_off_step(kind):
         assert len(set(results[0]["sharded"])) > 1, "features of their own sizes, to test the layout"
     # compacted: TorchRec's variable-batch layout on every rank (data-parallel: whole batches)
     assert all(r["variable"] == (kind != "data_parallel") for r in results), results
+
+
+@pytest.mark.parametrize("kind", ["row_wise", "mixed"])
+def test_a_serve_step_with_a_bf16_push_sends_half_the_values_and_equals_an_off_step_within_its_rounding(kind):
+    results = run_workers(serve_step_worker, world_size=WORLD, kind=kind, lr=0.5, wire="bf16")
+    assert sum(r["moved"] for r in results) > 0 and sum(r["sent"] for r in results) > 0, results
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -279,6 +279,46 @@ def test_a_steps_row_sums_equal_a_sequential_index_add_bit_for_bit():
 
 
 @pytest.mark.parametrize("column_split", [False, True])
+def test_a_bf16_sync_sends_differences_from_the_copy_and_not_its_own_rounding(column_split):
+    index = RowIndex(FEATURES, ROWS)
+    tables = _tables()
+    units = _units(tables, column_split)
+    features = {n: i for i, n in enumerate(FEATURES)}
+    replica = StaleReplica(index, DIM, torch.device("cpu"), torch.bfloat16)
+    keys = torch.cat([index.to_flat(f, torch.tensor(REPLICA[name])) for f, name in enumerate(FEATURES)])
+    replica.rebuild(units, keys, features)
+
+    def shard(key):
+        f, row = index.from_flat(key.view(1))
+        return tables[int(f)][int(row)]
+
+    # rows that join arrive as bf16 values: rounded, within 2^-8 of each value
+    for k, v in zip(replica.keys, replica.values):
+        assert torch.equal(v, shard(k).bfloat16().float())
+    # a (column, width, rows) descriptor per shard, a position per row per shard (b's 2 rows
+    # from both of its column shards when split), every value at 2 bytes
+    shards, positions = (4, 9) if column_split else (3, 7)
+    assert replica.sync_bytes == shards * 3 * 8 + positions * 8 + 7 * DIM * 2
+    # nothing moved: the copies' rounding is not a move, nothing is sent again
+    sent, nbytes = replica.rows_sent, replica.sync_bytes
+    replica.rebuild(units, keys, features, bound=0.0)
+    assert (replica.rows_sent, replica.sync_bytes) == (sent, nbytes)
+    # b5 moves by 0.3 in one column: its difference from the copy is sent and added to the copy
+    b5 = int(index.to_flat(1, torch.tensor([5])))
+    before = dict(zip(replica.keys.tolist(), replica.values.clone()))[b5]
+    tables[1][5, 2] += 0.3
+    replica.rebuild(units, keys, features, bound=0.0)
+    assert replica.rows_sent - sent == 1  # one slice: the shard holding column 2
+    width = DIM if not column_split else DIM - 1
+    assert replica.sync_bytes - nbytes == 3 * 8 + 8 + width * 2
+    after = dict(zip(replica.keys.tolist(), replica.values))[b5]
+    cols = slice(0, DIM) if not column_split else slice(1, DIM)
+    expected = before.clone()
+    expected[cols] = before[cols] + (tables[1][5, cols] - before[cols]).bfloat16().float()
+    assert torch.equal(after, expected) and not torch.equal(after, tables[1][5].bfloat16().float())
+
+
+@pytest.mark.parametrize("column_split", [False, True])
 def test_a_sync_sends_only_the_rows_that_moved_past_the_bound_and_the_rows_that_joined(column_split):
     replica, tables, index = _replica(column_split)
     units = _units(tables, column_split)
