@@ -151,8 +151,10 @@ class ServedGradients:
         key_parts = [keys.index_select(0, p) for p in picks]
         wire = self.wire_dtype
         grad_parts = [grads.index_select(0, p.to(grads.device, non_blocking=True)).to(wire).reshape(-1) for p in picks]
-        width = torch.finfo(wire).bits // 8
-        sent = sum(k.numel() * (8 + self.dim * width) for r, k in enumerate(key_parts) if r != rank)
+        sent = sum(
+            k.numel() * k.element_size() + g.numel() * g.element_size()
+            for r, (k, g) in enumerate(zip(key_parts, grad_parts)) if r != rank
+        )  # fmt: skip
         all_keys, lengths = exchange_varlen(key_parts, with_lengths=True)  # all ranks
         all_grads = exchange_varlen(grad_parts, lengths=[n * self.dim for n in lengths], bulk=True)
         all_grads = all_grads.float().view(-1, self.dim)
