@@ -175,3 +175,21 @@ def test_the_warm_up_and_sync_table_quotes_its_run():
         if job != "off":
             assert float(cells[8]) == round(row["test_auc"] - off["test_auc"], 4), cells
     assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
+
+
+def test_the_half_width_sync_table_quotes_its_run():
+    """The table of sync_precision=bf16 beside fp32 syncs, both counted over 20 steps, and off."""
+    name = "network_sync_bf16_clicklog_dim128.json"
+    header = "| job | its overrides | train s | vs `off` | push, B / sample | replica, B / sample"
+    rows, runs, off = _job_rows(header, name, seconds=2, ratio=7, job_of=_job)
+    jobs = json.loads((RESULTS / name).read_text())["jobs"]
+    assert [job for _, job, _, _ in rows] == list(runs) == ["off", "early", "early_bf16"]
+    for cells, job, row, run in rows:
+        assert cells[1] == f"`{' '.join(jobs[job])}`", cells
+        program = run["program_off_rank_bytes_per_sample"]
+        assert float(cells[4]) == round(program["push"]) and float(cells[5]) == round(program["replica"]), cells
+        assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        assert float(cells[8]) == round(row["wire_train_over_program"], 3), cells
+        if job != "off":
+            assert float(cells[9]) == round(row["test_auc"] - off["test_auc"], 4), cells
+    assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
