@@ -193,3 +193,18 @@ def test_the_half_width_sync_table_quotes_its_run():
         if job != "off":
             assert float(cells[9]) == round(row["test_auc"] - off["test_auc"], 4), cells
     assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
+
+
+def test_the_preset_defaults_table_quotes_its_run():
+    """The main job's defaults with the 20-step count and bf16 syncs against off, one run."""
+    name = "network_preset_defaults_clicklog_dim128.json"
+    header = "| job | the preset | train s | vs `off` | slots | served | the embedding side on the wire"
+    rows, runs, off = _job_rows(header, name, seconds=2, ratio=7)
+    assert [job for _, job, _, _ in rows] == list(runs) == ["off", "defaults"]
+    for cells, job, row, run in rows:
+        assert float(cells[4]) == round(run["slots_fraction"], 3) and float(cells[5]) == round(run["served_fraction"], 3), cells
+        assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        if job != "off":
+            assert float(cells[8]) == round(row["test_auc"] - off["test_auc"], 4), cells
+            assert run["serve_lever"]["serve_when"] == "auto", run["serve_lever"]
+    assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
