@@ -111,7 +111,7 @@ class SlipstreamController:
             self.budget //= 1 + world
         # serve: the replica of the stale rows and what serving owes (collective: all ranks).
         self.server = (
-            StaleServer(self.tracker, self.index, cfg.replica_sync_bound, cfg.sync_precision.value) if cfg.serves else None
+            StaleServer(self.tracker, self.index, cfg.replica_sync_bound, cfg.sync_precision) if cfg.serves else None
         )
         self.plan = self.server.plan if self.server is not None else ServePlan()
         # serve_when=auto: whether serving pays, from timed windows (serve_lever.py); the clock

@@ -33,7 +33,6 @@ from slipstream_rec.slipstream.sharded import ShardUnit
 __all__ = ["RowOwners", "ServedGradients", "served_rows", "unit_cuts"]
 
 
-
 def served_rows(pos: torch.Tensor, bags: torch.Tensor, keys: torch.Tensor) -> ServedRows:
     """The rows of the served lookups, keyed on the host: ``pos`` is each lookup's row in the
     replica's sorted flat ``keys``, ``bags`` its bag (feature-major: the layout of the pooled

@@ -20,22 +20,29 @@ import torch
 import torch.distributed as dist
 
 from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.slipstream.config import SyncPrecision
 from slipstream_rec.slipstream.push import ServedGradients
 from slipstream_rec.slipstream.replica import StaleReplica
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.serving import ServePlan
 from slipstream_rec.slipstream.tracker import StalenessTracker
 
-__all__ = ["StaleServer"]
+__all__ = ["StaleServer", "WIRE_DTYPES"]
 
 Counts = Tuple[torch.Tensor, torch.Tensor]  # (sorted flat keys, int64 counts)
+# slipstream.sync_precision: what the push and the replica sync send a row's values as
+WIRE_DTYPES = {SyncPrecision.fp32: torch.float32, SyncPrecision.bf16: torch.bfloat16}
 
 
 class StaleServer:
     """Replica, split plan, served gradients and served lookup counts of one rank."""
 
     def __init__(
-        self, tracker: StalenessTracker, index: RowIndex, sync_bound: float = 0.0, sync_precision: str = "fp32"
+        self,
+        tracker: StalenessTracker,
+        index: RowIndex,
+        sync_bound: float = 0.0,
+        sync_precision: SyncPrecision = SyncPrecision.fp32,
     ) -> None:
         # Collective (all ranks): the embedding dim is agreed by a MAX all-reduce, as a rank may
         # hold no shard at all.
@@ -52,7 +59,7 @@ class StaleServer:
         self.tracker = tracker
         self.index = index
         self.sync_bound = float(sync_bound)  # slipstream.replica_sync_bound
-        self.wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sync_precision]  # slipstream.sync_precision
+        self.wire_dtype = WIRE_DTYPES[sync_precision]
         # The replica lives on the host, where the data side reads it (replica.py); the served
         # gradients are summed where they are computed.
         self.replica = StaleReplica(index, dim, torch.device("cpu"), self.wire_dtype)

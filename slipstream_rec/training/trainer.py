@@ -356,7 +356,8 @@ class Trainer:
         """Where this rank's training time went (cumulative host seconds; they add up to
         ``total``). ``data``: loading and refilling batches; the pipeline stages (see
         ``TimedTrainPipelineSparseDist``); ``slipstream``: counting, classifying, snapshots,
-        syncs, and summing and pushing the served lookups' gradients (taken out of ``data`` and ``forward``, where counting and classifying run);
+        syncs, and summing and pushing the served lookups' gradients (taken out of ``data`` and
+        ``forward``, where counting and classifying run);
         ``serving``: splitting batches between the shards and the replica and pooling the served
         samples' embeddings from it (taken out of ``data``, where it runs);
         ``other``: the rest (logging, scheduler, pipeline bookkeeping)."""

@@ -98,6 +98,8 @@ def serve_step_worker(env, kind: str, lr: float, every: int = 4, wire: str = "fp
     from slipstream_rec.slipstream.replica import StaleReplica
     from slipstream_rec.slipstream.rows import RowIndex
     from slipstream_rec.slipstream.serving import ServePlan
+    from slipstream_rec.slipstream.config import SyncPrecision
+    from slipstream_rec.slipstream.server import WIRE_DTYPES
 
     full, ((off, off_opt, _), (serve, serve_opt, ebc)) = _models(kind, lr)
     index = RowIndex(FEATURES, ROWS)
@@ -146,8 +148,7 @@ def serve_step_worker(env, kind: str, lr: float, every: int = 4, wire: str = "fp
     serve_opt.zero_grad()
     loss, (_, logits, labels, _) = serve(split)
     loss.backward()
-    wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[wire]
-    grads = ServedGradients(index, DIM, wire_dtype=wire_dtype)
+    grads = ServedGradients(index, DIM, wire_dtype=WIRE_DTYPES[SyncPrecision(wire)])
     served = serve.module.take_served()
     assert (served is not None) == (served_lookups > 0)
     if served is not None:
@@ -251,7 +252,8 @@ def reactivation_worker(env, precision: str = "fp32"):
         lookahead_batches=2, sync_precision=SyncPrecision(precision),
     )  # fmt: skip
     ctl = SlipstreamController(cfg, dmp, FEATURES, ROWS, LOCAL_BATCH, seed=0, rank=env.rank)
-    wire = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    # independent of the server's table: bf16 asked, bf16 on both of serve's collectives
+    wire = torch.bfloat16 if precision == "bf16" else torch.float32
     assert ctl.server.replica.wire_dtype is wire and ctl.server.grads.wire_dtype is wire
     stream = ctl.wrap(_source(env.rank))
 
