@@ -11,7 +11,7 @@ benchmarks/results/report_<name>/report.html. Both folders of <name> are cleared
 
 With ``--random-control POLICY``, each repeat also runs the control right after POLICY:
 ``slipstream=random`` starting to skip at the step POLICY first skipped and skipping at the rate
-that gives POLICY's skip count (``slipstream_rec.slipstream.random_control``; label
+that gives POLICY's skip count (``slipstream_rec.report.random_control``; label
 ``random@POLICY``). Same data, seed, first skipped step and number of trained samples: POLICY's
 staleness selection is worth something only if its AUC beats the control's.
 
@@ -46,7 +46,7 @@ from typing import Dict, List
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slipstream_rec.report.paired import as_dict, paired_results, text_table  # noqa: E402
 from slipstream_rec.report.runs import load_run  # noqa: E402
-from slipstream_rec.slipstream.random_control import random_control_overrides  # noqa: E402
+from slipstream_rec.report.random_control import random_control_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # A run that ends this far below its paired (same-seed) off run is flagged: a collapse, not noise

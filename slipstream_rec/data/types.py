@@ -13,7 +13,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 @dataclass
 class ServedRows:
     """The rows a batch's served lookups hit, keyed on the host when the batch is split
-    (slipstream/push.py ``served_rows``): the lookups grouped by row, so that the training step
+    (slipstream/serve/push.py ``served_rows``): the lookups grouped by row, so that the training step
     sums their gradients with one SUM ``embedding_bag`` over the rows (a bag per row, its lookups'
     bags as the indices) into a buffer whose size the host already knows. Within a row the
     lookups keep their batch order, so the sums equal a sequential ``index_add_`` bit for bit;
@@ -45,7 +45,7 @@ class ServedRows:
 @dataclass
 class Served:
     """The lookups of a batch answered from Slipstream's local replica of stale rows, per lookup
-    (slipstream/serving.py). A bag's pooled embedding is the sum of its replica part (``pooled``)
+    (slipstream/serve/split.py). A bag's pooled embedding is the sum of its replica part (``pooled``)
     and its sharded part (the bag's lookups outside the replica, sent through the shards).
 
     Before the ranks agree on the sharded sizes (annotated): ``local`` marks the lookups in the

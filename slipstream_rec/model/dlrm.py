@@ -70,11 +70,11 @@ class DLRMTask(nn.Module):
         embedded_dense = dlrm.dense_arch(batch.dense_features)
         embedded_sparse = dlrm.sparse_arch(batch.sparse_features)  # (B, F, D)
         if batch.served is not None:
-            # Per lookup serving (slipstream/serving.py): each bag is the sum of its sharded part,
+            # Per lookup serving (slipstream/serve/split.py): each bag is the sum of its sharded part,
             # put back in its sample's row by the variable-batch KJT's inverse indices (zeros
             # where the bag has no sharded lookup), and its part from the local replica of stale
             # rows. The replica part is a leaf of its own, so that the gradient its rows owe can
-            # be read after backward and pushed to their shards later (slipstream/push.py).
+            # be read after backward and pushed to their shards later (slipstream/serve/push.py).
             local = batch.served.pooled.detach().to(embedded_sparse.dtype).requires_grad_(self.training)
             if self.training:
                 self.served = (batch.served.rows, local)

@@ -16,7 +16,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
+from slipstream_rec.sharding.sharded import SlipstreamShardedEBC
 
 # Every sharding type this project supports, on every device type.
 SUPPORTED_SHARDING_TYPES: List[str] = [

@@ -37,7 +37,7 @@ class Action(Enum):
     """What a tracking policy does with an input whose lookups are all stale."""
 
     skip = "skip"  # drop it (the paper): no lookup, no communication, no dense compute
-    # Answer its embeddings from the local replica of the stale rows (slipstream/replica.py): no
+    # Answer its embeddings from the local replica of the stale rows (slipstream/serve/replica.py): no
     # embedding communication, and the dense network still trains on it. Nothing is dropped.
     serve = "serve"
 
@@ -50,7 +50,7 @@ class ServeWhen(Enum):
     always = "always"
     # Time steps with and without serving in the run and serve only while it pays; where it does
     # not, Slipstream stands down (no serving, counting or snapshots) and looks again rarely
-    # (slipstream/serve_lever.py). Decisions follow measured time, so runs may differ.
+    # (slipstream/serve/lever.py). Decisions follow measured time, so runs may differ.
     auto = "auto"
 
 
@@ -122,7 +122,7 @@ class SlipstreamConfig:
     # plus bf16's resolution at the shard's value (2^-8 of it, per element), so that a served
     # row differs from its shard by at most that plus the pushes since the last sync.
     sync_precision: SyncPrecision = SyncPrecision.fp32
-    # --- does serving pay? (serve only; slipstream/serve_lever.py)
+    # --- does serving pay? (serve only; slipstream/serve/lever.py)
     # always: serve wherever rows are stale; auto: measure in the run whether a step with
     # serving is faster than one without (a window each, then re-checked) and serve only while
     # it is; where it is not, stand down (nothing served, counted or snapshotted) and look again
@@ -191,7 +191,7 @@ class SlipstreamConfig:
     # skipping is safe, so D is lowered.
     quality_min_samples: int = 200
 
-    # --- negative downsampling beside any policy (slipstream/downsampling.py)
+    # --- negative downsampling beside any policy (training/downsampling.py)
     # Fraction f of the non-clicks dropped uniformly at random, before the policy classifies
     # (or serves) what remains (He et al. 2014); evaluation adds log(1 - f) to every logit so
     # predicted click rates stay calibrated. A number forces that rate from the first step (0:

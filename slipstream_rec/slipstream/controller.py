@@ -15,7 +15,7 @@ done (``after_step``). The controller:
 5. keeps all ranks in lock-step: all ranks agree whether each has a batch, every step or, with
    ``trainer.lockstep_every_steps`` = k, every k steps from the k batches each rank built ahead;
 6. with ``serve_when=auto``, times windows of steps with and without serving and stands the
-   whole method down where serving does not pay (``serve_lever.py``): no serving, no counting,
+   whole method down where serving does not pay (``serve/lever.py``): no serving, no counting,
    no snapshots, until it looks again.
 
 With policy ``off`` none of the tracking happens and every sample is kept; with ``random`` (the
@@ -35,22 +35,22 @@ import torch.distributed as dist
 from torch import nn
 
 from slipstream_rec.data.types import Batch
-from slipstream_rec.slipstream.batch_ops import slice_rows
+from slipstream_rec.data.batch_ops import slice_rows
 from slipstream_rec.slipstream.classify import (
     per_sample_max_change,
     skippable_by_threshold,
     threshold_for_target,
 )
 from slipstream_rec.slipstream.config import Policy, ServeWhen, SlipstreamConfig
-from slipstream_rec.slipstream.downsampling import NegativeDownsampler
-from slipstream_rec.slipstream.serve_lever import SETTLE_STEPS, LeverState, ServeLever, window_steps
-from slipstream_rec.slipstream.server import StaleServer
-from slipstream_rec.slipstream.serving import ServePlan
+from slipstream_rec.training.downsampling import NegativeDownsampler
+from slipstream_rec.slipstream.serve.lever import SETTLE_STEPS, LeverState, ServeLever, window_steps
+from slipstream_rec.slipstream.serve.server import StaleServer
+from slipstream_rec.slipstream.serve.split import ServePlan
 from slipstream_rec.slipstream.lockstep import lockstep
 from slipstream_rec.slipstream.quality import QualityGovernor, QualityStats, group_stats
 from slipstream_rec.slipstream.rows import RowIndex, RowState
-from slipstream_rec.slipstream.sampling import SkipDecider
-from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
+from slipstream_rec.slipstream.decide import SkipDecider
+from slipstream_rec.sharding.sharded import SlipstreamShardedEBC
 from slipstream_rec.slipstream.stream import SkippingStream
 from slipstream_rec.slipstream.tracker import StalenessTracker, hot_budget_bytes
 from slipstream_rec.distributed import all_reduce_, gather_varlen
@@ -114,7 +114,7 @@ class SlipstreamController:
             StaleServer(self.tracker, self.index, cfg.replica_sync_bound, cfg.sync_precision) if cfg.serves else None
         )
         self.plan = self.server.plan if self.server is not None else ServePlan()
-        # serve_when=auto: whether serving pays, from timed windows (serve_lever.py); the clock
+        # serve_when=auto: whether serving pays, from timed windows (serve/lever.py); the clock
         # (training seconds so far, the device's queue drained) is set by the trainer.
         self.lever = ServeLever(
             auto=cfg.serves and cfg.serve_when is ServeWhen.auto, min_gain=cfg.serve_min_gain,

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from slipstream_rec.data.types import Batch
 from slipstream_rec.distributed import all_reduce_
-from slipstream_rec.slipstream.serving import ServePlan
+from slipstream_rec.slipstream.serve.split import ServePlan
 
 __all__ = ["lockstep"]
 

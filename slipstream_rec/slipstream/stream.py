@@ -14,7 +14,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optiona
 import torch
 
 from slipstream_rec.data.types import Batch
-from slipstream_rec.slipstream.batch_ops import (
+from slipstream_rec.data.batch_ops import (
     batch_from_state,
     batch_to_state,
     concat_batches,

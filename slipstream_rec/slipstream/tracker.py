@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from slipstream_rec.slipstream.rows import RowIndex, RowState
-from slipstream_rec.slipstream.sharded import ShardUnit, SlipstreamShardedEBC, flush_caches
+from slipstream_rec.sharding.sharded import ShardUnit, SlipstreamShardedEBC, flush_caches
 from slipstream_rec.distributed import all_reduce_, gather_varlen
 
 logger = logging.getLogger(__name__)

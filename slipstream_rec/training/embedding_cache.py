@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from slipstream_rec.distributed import all_reduce_
-from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC, cache_stats
+from slipstream_rec.sharding.sharded import SlipstreamShardedEBC, cache_stats
 
 _KEYS = [
     "calls", "requested_indices", "unique_indices", "unique_misses", "conflict_unique_misses",

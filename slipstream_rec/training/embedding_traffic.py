@@ -8,8 +8,8 @@ sample, for every policy, so ``off``, ``skip`` and ``serve`` compare directly.
   out; their gradients back), metered by ``SlipstreamShardedEBC``. ``output`` and ``gradient``
   are what the quantized comms' codec puts on the wire (``sharding.qcomms``: the meter's fp32
   bytes times the codec's factor, exact, see sharding/qcomms.py); the ids are never quantized.
-- ``push``: serve's all-gathers of the served samples' row gradients (slipstream/push.py).
-- ``replica``: serve's all-gathers that rebuild the replica of the stale rows (replica.py).
+- ``push``: serve's all-gathers of the served samples' row gradients (slipstream/serve/push.py).
+- ``replica``: serve's all-gathers that rebuild the replica of the stale rows (slipstream/serve/replica.py).
 - ``control``: the lock-step agreements' all-reduces (slipstream/lockstep.py).
 - ``dense``, ``data_parallel``: DDP's gradient all-reduces of the dense arch and of the
   data-parallel tables (``trainer.ddp_comm_hook``, training/comm_hooks.py).
@@ -38,7 +38,7 @@ from torch import nn
 
 from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.sharding.qcomms import wire_factor
-from slipstream_rec.slipstream.sharded import SPLIT_COUNTS, SlipstreamShardedEBC
+from slipstream_rec.sharding.sharded import SPLIT_COUNTS, SlipstreamShardedEBC
 
 EMBEDDING_KINDS = ("input", "output", "gradient")
 A2A_KINDS = EMBEDDING_KINDS + ("push", "replica", "control", "dense", "data_parallel")
@@ -166,7 +166,7 @@ def embedding_traffic_summary(
 
     Bytes per sample: every rank's sends summed, over the samples all ranks trained: a rank's
     mean sends per sample it trained. ``served_fraction``: lookups answered from the replica over
-    the lookups of the samples trained (serve works per lookup, slipstream/serving.py);
+    the lookups of the samples trained (serve works per lookup, slipstream/serve/split.py);
     ``samples_served``: samples all of whose lookups were; ``slots_fraction``: bags sent through
     the shards (the sharded size S per feature, padding included) over all bags, what the
     pooled-embedding all-to-alls shrink by; ``served_by_feature``: each feature's share of

@@ -20,7 +20,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipeline
 from slipstream_rec.checkpoint.manager import Checkpointer
 from slipstream_rec.checkpoint.rng import capture_rng, restore_rng
 from slipstream_rec.distributed import DistEnv, all_reduce_
-from slipstream_rec.slipstream.batch_ops import batch_from_state, batch_to_state
+from slipstream_rec.data.batch_ops import batch_from_state, batch_to_state
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.config import PipelineKind, Precision, TrainerConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from slipstream_rec.config import load_config, to_yaml
-from slipstream_rec.slipstream.random_control import random_control_overrides
+from slipstream_rec.report.random_control import random_control_overrides
 
 STEPS = 1000
 GLOBAL_BATCH = 1024

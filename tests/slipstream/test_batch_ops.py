@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slipstream_rec.data.types import Batch, make_kjt
-from slipstream_rec.slipstream.batch_ops import concat_batches, select_rows, slice_rows
+from slipstream_rec.data.batch_ops import concat_batches, select_rows, slice_rows
 from tests.slipstream._util import bag_weights, bags, kjt_from_bags, random_batch
 
 KEYS = ["a", "b", "c", "d"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
-from slipstream_rec.slipstream.downsampling import NegativeDownsampler, rate_for_click_rate
+from slipstream_rec.training.downsampling import NegativeDownsampler, rate_for_click_rate
 from tests.dist_harness import run_workers
 
 GRID = [round(0.05 * i, 2) for i in range(20)]  # 0 .. 0.95
@@ -129,7 +129,7 @@ def test_config_accepts_auto_or_a_fraction_for_every_policy():
 
 
 def _two_ranks(env, click_rates):
-    from slipstream_rec.slipstream.downsampling import NegativeDownsampler
+    from slipstream_rec.training.downsampling import NegativeDownsampler
 
     d = NegativeDownsampler("auto", seed=env.rank, guard_steps=5, max_noise=0.05)
     n = 4000

@@ -85,12 +85,12 @@ def routing_worker(env):
 def test_bulk_rows_take_the_main_backend_and_small_host_tensors_the_side_group():
     for calls in run_workers(routing_worker, world_size=2):
         ours = [c for c in calls if c["caller"] not in ("torchrec", "test")]
-        bulk = [c for c in ours if c["caller"] in ("slipstream/replica.py", "slipstream/push.py") and c["dtype"] == "torch.float32"]
-        assert {c["caller"] for c in bulk} == {"slipstream/replica.py", "slipstream/push.py"}, ours
+        bulk = [c for c in ours if c["caller"] in ("slipstream/serve/replica.py", "slipstream/serve/push.py") and c["dtype"] == "torch.float32"]
+        assert {c["caller"] for c in bulk} == {"slipstream/serve/replica.py", "slipstream/serve/push.py"}, ours
         assert all(c["group"] == "default" for c in bulk), bulk  # the rows' values and gradients
         small = [c for c in ours if c not in bulk]
         assert small and all(c["group"] == "side" for c in small), small  # keys, sizes, flags
-        assert {"slipstream/replica.py", "slipstream/push.py", "slipstream/lockstep.py"} <= {c["caller"] for c in small}
+        assert {"slipstream/serve/replica.py", "slipstream/serve/push.py", "slipstream/lockstep.py"} <= {c["caller"] for c in small}
         # the push's and the replica's values are sized on the host: no size exchange on the
         # main backend (under nccl that would be read back from the GPU)
         assert not [c for c in bulk if c["dtype"] == "torch.int64"]

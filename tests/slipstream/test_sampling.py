@@ -9,7 +9,7 @@ import torch
 
 from slipstream_rec.data.types import Batch, make_kjt
 from slipstream_rec.slipstream.rows import RowIndex, RowState
-from slipstream_rec.slipstream.sampling import SkipDecider
+from slipstream_rec.slipstream.decide import SkipDecider
 from slipstream_rec.slipstream.stream import SkippingStream
 
 N_ROWS = 1000
@@ -209,7 +209,7 @@ def test_eval_logit_offset_only_for_uniform_negative_downsampling() -> None:
 
 
 def test_negative_downsampling_beside_staleness() -> None:
-    from slipstream_rec.slipstream.downsampling import NegativeDownsampler
+    from slipstream_rec.training.downsampling import NegativeDownsampler
 
     idx, st = _setup(torch.arange(0, N_ROWS, 2))  # even ids stale
     f = 0.5

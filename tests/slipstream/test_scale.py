@@ -14,8 +14,8 @@ import torch
 
 from slipstream_rec.data.types import Batch, make_kjt
 from slipstream_rec.slipstream.rows import RowIndex, RowState
-from slipstream_rec.slipstream.sampling import SkipDecider
-from slipstream_rec.slipstream.sharded import ShardUnit, SlipstreamShardedEBC
+from slipstream_rec.slipstream.decide import SkipDecider
+from slipstream_rec.sharding.sharded import ShardUnit, SlipstreamShardedEBC
 from slipstream_rec.slipstream.tracker import StalenessTracker
 
 COLS = 4  # float32 columns: 16 bytes a row
@@ -120,7 +120,7 @@ def test_a_resumed_rank_keeps_its_own_random_stream():
     a, b, c = (torch.rand(64, generator=d._gen) for d in (again, rank1, rank2))
     assert not torch.equal(a, b) and not torch.equal(b, c) and not torch.equal(a, c)
     # The negative downsampler's stream (its own module) follows the same rule.
-    from slipstream_rec.slipstream.downsampling import NegativeDownsampler
+    from slipstream_rec.training.downsampling import NegativeDownsampler
 
     down0 = NegativeDownsampler(0.5, seed=1000)
     down0.drop_mask(torch.zeros(100))
@@ -201,7 +201,7 @@ def test_snapshots_flush_the_gpu_cache_first():
 def test_key_value_kernels_are_refused_with_the_fix():
     import pytest
 
-    from slipstream_rec.slipstream.sharded import discover_units
+    from slipstream_rec.sharding.sharded import discover_units
 
     table = SimpleNamespace(name="t_a")
     config = SimpleNamespace(embedding_tables=[table], compute_kernel=SimpleNamespace(value="key_value"))

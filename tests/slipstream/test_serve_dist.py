@@ -47,7 +47,7 @@ def _models(kind: str, lr: float):
     from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
     from slipstream_rec.sharding.plan import describe_plan, shard_model
     from slipstream_rec.sharding.state import load_full_state_dict
-    from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
+    from slipstream_rec.sharding.sharded import SlipstreamShardedEBC
 
     cfg = ModelConfig(embedding_dim=DIM, dense_arch_layer_sizes=[16, DIM], over_arch_layer_sizes=[16, 1])
     cpu = torch.device("cpu")
@@ -85,7 +85,7 @@ def _replica_keys(index, every: int):
     # the rest need the shards. Only sample 0 (every = the global batch): its rank needs every
     # feature's whole batch still (one sample served, and one empty bag for it), so every rank
     # sends whole batches and some of rank 0's lookups are served all the same.
-    from slipstream_rec.slipstream.batch_ops import select_kjt
+    from slipstream_rec.data.batch_ops import select_kjt
 
     whole = _slice_batch(0, WORLD * LOCAL_BATCH).sparse_features
     return torch.unique(index.flat_keys(select_kjt(whole, torch.arange(0, WORLD * LOCAL_BATCH, every))))
@@ -94,12 +94,12 @@ def _replica_keys(index, every: int):
 def serve_step_worker(env, kind: str, lr: float, every: int = 4, wire: str = "fp32"):
     from slipstream_rec.distributed import gather_varlen
     from slipstream_rec.slipstream.lockstep import lockstep
-    from slipstream_rec.slipstream.push import ServedGradients
-    from slipstream_rec.slipstream.replica import StaleReplica
+    from slipstream_rec.slipstream.serve.push import ServedGradients
+    from slipstream_rec.slipstream.serve.replica import StaleReplica
     from slipstream_rec.slipstream.rows import RowIndex
-    from slipstream_rec.slipstream.serving import ServePlan
+    from slipstream_rec.slipstream.serve.split import ServePlan
     from slipstream_rec.slipstream.config import SyncPrecision
-    from slipstream_rec.slipstream.server import WIRE_DTYPES
+    from slipstream_rec.slipstream.serve.server import WIRE_DTYPES
 
     full, ((off, off_opt, _), (serve, serve_opt, ebc)) = _models(kind, lr)
     index = RowIndex(FEATURES, ROWS)

@@ -1,9 +1,9 @@
-"""The serve lever's rule on recorded timings (slipstream/serve_lever.py): serve only while a step
+"""The serve lever's rule on recorded timings (slipstream/serve/lever.py): serve only while a step
 with serving is measurably faster than one without; otherwise stand down and look again."""
 
 import pytest
 
-from slipstream_rec.slipstream.serve_lever import LeverState, ServeLever, window_steps
+from slipstream_rec.slipstream.serve.lever import LeverState, ServeLever, window_steps
 
 S = LeverState
 

@@ -12,11 +12,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from slipstream_rec.data.types import Batch
 from slipstream_rec.slipstream.lockstep import lockstep
-from slipstream_rec.slipstream.push import ServedGradients, served_rows
-from slipstream_rec.slipstream.replica import StaleReplica
+from slipstream_rec.slipstream.serve.push import ServedGradients, served_rows
+from slipstream_rec.slipstream.serve.replica import StaleReplica
 from slipstream_rec.slipstream.rows import RowIndex
-from slipstream_rec.slipstream.serving import ServePlan
-from slipstream_rec.slipstream.sharded import ShardUnit
+from slipstream_rec.slipstream.serve.split import ServePlan
+from slipstream_rec.sharding.sharded import ShardUnit
 
 FEATURES = ["a", "b", "c"]
 ROWS = [6, 9, 4]

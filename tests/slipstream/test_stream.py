@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from slipstream_rec.data.types import Batch
-from slipstream_rec.slipstream.batch_ops import select_rows
+from slipstream_rec.data.batch_ops import select_rows
 from slipstream_rec.slipstream.stream import SkippingStream
 from tests.slipstream._util import random_batch, row_ids
 

@@ -30,7 +30,7 @@ def _sharded(kind: str):
     from slipstream_rec.optim import EmbeddingOptimConfig, EmbeddingOptimizerKind, fuse_embedding_optimizer
     from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
     from slipstream_rec.sharding.plan import shard_model
-    from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
+    from slipstream_rec.sharding.sharded import SlipstreamShardedEBC
 
     cfg = ModelConfig(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
     cpu = torch.device("cpu")

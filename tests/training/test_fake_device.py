@@ -19,10 +19,10 @@ import torch
 from slipstream_rec.data.types import Batch
 from slipstream_rec.model.config import ModelConfig
 from slipstream_rec.model.dlrm import build_model
-from slipstream_rec.slipstream.downsampling import NegativeDownsampler
+from slipstream_rec.training.downsampling import NegativeDownsampler
 from slipstream_rec.slipstream.lockstep import lockstep
-from slipstream_rec.slipstream.server import StaleServer
-from slipstream_rec.slipstream.sharded import ShardUnit, SlipstreamShardedEBC
+from slipstream_rec.slipstream.serve.server import StaleServer
+from slipstream_rec.sharding.sharded import ShardUnit, SlipstreamShardedEBC
 from tests.slipstream.test_serving import DIM, FEATURES, REPLICA, ROWS, SAMPLES, _batch
 
 META = torch.device("meta")
@@ -113,7 +113,7 @@ def test_batches_carry_their_lengths_per_key_so_torchrec_reads_nothing_back(tmp_
 
     split = _served_batch(_server_on(META))  # the split's KJT: the sharded lookups, packed
     (loaded, *_) = list(NpyBatchLoader(write_dataset(tmp_path / "d", {"train": 64}), "train", batch_size=16, train=True))
-    from slipstream_rec.slipstream.batch_ops import select_kjt
+    from slipstream_rec.data.batch_ops import select_kjt
 
     # the data side's row selections, of bags of several lengths
     sliced = select_kjt(_batch(SAMPLES).sparse_features, torch.tensor([4, 1, 2]))

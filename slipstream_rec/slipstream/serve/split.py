@@ -16,7 +16,7 @@ the sharded EBC's output has one row per sample again, each bag's sharded part i
 (zeros for the served-only samples). Feature f sends S_f slots (lengths in, pooled embeddings
 out, gradients back) instead of B, and only the ids outside the replica. Where every S_f is B
 the batch keeps TorchRec's plain layout, each bag in its place with its sharded lookups: the
-variable-batch collectives cost more for the same bytes (``sharded.py``'s ``TwoLayoutDist``).
+variable-batch collectives cost more for the same bytes (``sharding/sharded.py``'s ``TwoLayoutDist``).
 
 Row-wise sharding needs every rank to send the same S_f (its backward all-gathers equal slices:
 ``ProcessGroupGloo::allgather: invalid tensor size`` otherwise, measured), so the ranks agree on
@@ -38,8 +38,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from slipstream_rec.data.types import Batch, Served, host_kjt, host_vbe_kjt
-from slipstream_rec.slipstream.push import served_rows
-from slipstream_rec.slipstream.replica import StaleReplica
+from slipstream_rec.slipstream.serve.push import served_rows
+from slipstream_rec.slipstream.serve.replica import StaleReplica
 
 __all__ = ["ServePlan"]
 
@@ -168,7 +168,7 @@ class ServePlan:
             # Every feature sends its whole batch (the sizes are agreed, so on every rank): each
             # bag keeps its place with its sharded lookups, in TorchRec's plain layout, whose
             # collectives cost less than the variable-batch ones for the same bytes
-            # (slipstream/sharded.py, TwoLayoutDist).
+            # (sharding/sharded.py, TwoLayoutDist).
             compact = host_kjt(list(kjt.keys()), values, sharded_lengths.to(kjt.lengths().dtype), b, weights)
         else:
             compact = self._compacted(kjt, sharded, sharded_lengths, unserved, replicated, values, weights)

@@ -1,6 +1,6 @@
 """The gradients that served lookups owe to their rows: summed locally, pushed to their shards.
 
-A served lookup (``serving.py``) reads its row from the replica and sends nothing through the
+A served lookup (``split.py``) reads its row from the replica and sends nothing through the
 shards, so its gradient for that row does not reach it in its step. Dropping it would be
 skipping again (measured: on ``clicklog_quick`` serving 32% of the samples without the push cost
 0.0045 test AUC; with the tables frozen it cost nothing, so all of the loss was these gradients).
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from slipstream_rec.data.types import ServedRows, host_kjt
 from slipstream_rec.distributed import all_gather_objects, exchange_varlen
 from slipstream_rec.slipstream.rows import RowIndex
-from slipstream_rec.slipstream.sharded import ShardUnit
+from slipstream_rec.sharding.sharded import ShardUnit
 
 __all__ = ["RowOwners", "ServedGradients", "served_rows", "unit_cuts"]
 

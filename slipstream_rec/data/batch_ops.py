@@ -156,7 +156,7 @@ def batch_to_state(batch: Batch) -> Dict[str, Any]:
         **_kjt_to_state(batch.sparse_features),
         "labels": batch.labels.detach().cpu().clone(),
         "weights": batch.weights.detach().cpu().clone(),
-        # serving (slipstream/serving.py): the annotation of a batch built ahead, or the served
+        # serving (slipstream/serve/split.py): the annotation of a batch built ahead, or the served
         # part of a split batch; None for every other batch
         "served": None if batch.served is None else _served_to_state(batch.served),
     }
@@ -183,7 +183,7 @@ def _kjt_to_state(kjt: KeyedJaggedTensor) -> Dict[str, Any]:
         "lengths": kjt.lengths().detach().cpu().clone(),
         "stride": int(kjt.stride()),
     }
-    if kjt.variable_stride_per_key():  # a batch split for serving (slipstream/serving.py)
+    if kjt.variable_stride_per_key():  # a batch split for serving (slipstream/serve/split.py)
         state["strides"] = [int(s) for s in kjt.stride_per_key()]
         state["inverse"] = kjt.inverse_indices()[1].detach().cpu().clone()
     return state

@@ -1,7 +1,7 @@
 """A copy of the stale hot rows on every rank, so that lookups of them are served locally.
 
 Slipstream's ``serve`` action (``slipstream.action=serve``) answers every lookup of a stale row
-from this replica instead of the sharded tables (``serving.py``): the lookup sends no id through
+from this replica instead of the sharded tables (``split.py``): the lookup sends no id through
 the input all-to-all, and a bag all of whose lookups are served sends no pooled embedding and
 receives no gradient through the output all-to-all, while the dense network still trains on it.
 
@@ -36,9 +36,9 @@ from typing import Any, Dict, List
 import torch
 
 from slipstream_rec.distributed import gather_varlen
-from slipstream_rec.slipstream.push import unit_cuts
+from slipstream_rec.slipstream.serve.push import unit_cuts
 from slipstream_rec.slipstream.rows import RowIndex
-from slipstream_rec.slipstream.sharded import ShardUnit, flush_caches
+from slipstream_rec.sharding.sharded import ShardUnit, flush_caches
 
 __all__ = ["StaleReplica"]
 

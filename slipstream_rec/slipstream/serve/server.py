@@ -21,10 +21,10 @@ import torch.distributed as dist
 
 from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.slipstream.config import SyncPrecision
-from slipstream_rec.slipstream.push import ServedGradients
-from slipstream_rec.slipstream.replica import StaleReplica
+from slipstream_rec.slipstream.serve.push import ServedGradients
+from slipstream_rec.slipstream.serve.replica import StaleReplica
 from slipstream_rec.slipstream.rows import RowIndex
-from slipstream_rec.slipstream.serving import ServePlan
+from slipstream_rec.slipstream.serve.split import ServePlan
 from slipstream_rec.slipstream.tracker import StalenessTracker
 
 __all__ = ["StaleServer", "WIRE_DTYPES"]

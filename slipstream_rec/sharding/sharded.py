@@ -271,7 +271,7 @@ class VariableBatchDpDist(DpPooledEmbeddingDist):
     output feature-major for a variable-batch input, as TorchRec's variable-batch EBC output
     expects of every sharding (its table-wise and row-wise dists return that layout; TorchRec's
     data-parallel one returns its lookup's as is, measured). Every data-parallel feature has the
-    whole batch (slipstream/serving.py), the one stride the data-parallel lookup takes."""
+    whole batch (slipstream/serve/split.py), the one stride the data-parallel lookup takes."""
 
     def __init__(self, dims: List[int]) -> None:
         super().__init__()
@@ -305,7 +305,7 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.a2a_bytes: Dict[str, int] = {"input": 0, "output": 0, "gradient": 0}
         super().__init__(*args, **kwargs)
-        # Set under serving (slipstream/server.py) before the first batch: the output dists take
+        # Set under serving (slipstream/serve/server.py) before the first batch: the output dists take
         # the split batches' variable-batch layout beside the plain one (use_variable_batch).
         self.variable_batch: bool = False
         self._variable_batch_seen = False  # a variable-batch KJT went through input_dist
@@ -334,7 +334,7 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         """Take serving's variable-batch KJTs (a stride per feature) beside plain ones from now
         on: every communicating sharding gets a second output dist for that layout, metered as
         the first; each batch goes through the one of its layout (the ranks agree on it: the
-        sizes per feature are agreed, slipstream/serving.py)."""
+        sizes per feature are agreed, slipstream/serve/split.py)."""
         assert self.calls == 0, "the layouts are prepared before the first training call"
         if self.variable_batch:
             return

@@ -150,7 +150,7 @@ class SkipDecider:
         )
 
     def __call__(self, batch: Batch, dropped: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``dropped``: samples already taken out by negative downsampling (``downsampling.py``),
+        """``dropped``: samples already taken out by negative downsampling (``training/downsampling.py``),
         dropped with weight 1 and no ceiling; the policy decides over the samples that remain."""
         n = batch.batch_size
         if self.random_fraction > 0:

@@ -1,0 +1,12 @@
+"""Slipstream's serve action: stale lookups answered from a local replica, no sample dropped.
+
+- ``split.py``: each batch's lookups split between the shards and the replica (the data side);
+- ``replica.py``: the stale hot rows on every rank, kept fresh by syncs that send what moved;
+- ``push.py``: the served lookups' row gradients, summed and pushed to the rows' owners;
+- ``lever.py``: whether serving pays in this run, from timed windows (``serve_when=auto``);
+- ``server.py``: the replica, the split and the pushes of one rank, as the controller drives them.
+"""
+
+from slipstream_rec.slipstream.serve.server import WIRE_DTYPES, StaleServer
+
+__all__ = ["StaleServer", "WIRE_DTYPES"]
