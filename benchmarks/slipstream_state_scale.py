@@ -6,7 +6,7 @@
 power-law ids generated on the fly (no dataset: the tables are larger than any table the built-in
 datasets have) with policy ``track_only``: counting, hot selection, snapshots, thresholds,
 classification, nothing skipped. Every rank reports its peak Slipstream state
-(``SlipstreamController.peak_state_bytes``: counts, hot keys and rows, snapshots, published
+(``slipstream/stats.py`` ``peak_state_bytes``: counts, hot keys and rows, snapshots, published
 changes with their lookup view, snapshot copies and gathers), the hot rows' bytes and the
 samples/s; rank 0 writes them to ``--out``.
 
@@ -49,6 +49,7 @@ def worker(args: argparse.Namespace) -> None:
     from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
     from slipstream_rec.sharding.plan import shard_model
     from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
+    from slipstream_rec.slipstream import stats
     from slipstream_rec.slipstream.controller import SlipstreamController
 
     env = init_distributed("cpu", timeout_s=600)
@@ -79,15 +80,15 @@ def worker(args: argparse.Namespace) -> None:
     for step in range(1, args.steps + 1):
         loss, _ = dmp(next(stream))
         loss.backward()
-        record = ctl.after_step(step)
+        record = dict(ctl.on_step_end(step)).get("slipstream")
         if record is not None:
             records.append({k: record.get(k) for k in ("hot_rows", "stale_rows", "threshold", "state_bytes", "peak_state_bytes")} | {"step": step})
     train_s = time.perf_counter() - t0
     local_hot_rows = sum(int(u.hot_rows.numel()) for u in ctl.tracker.units if u.hot_rows is not None)
     mine = {
         "rank": env.rank,
-        "peak_state_bytes": ctl.peak_state_bytes(),
-        "state_bytes_at_end": ctl.state_bytes(),
+        "peak_state_bytes": stats.peak_state_bytes(ctl),
+        "state_bytes_at_end": stats.state_bytes(ctl),
         "local_hot_rows": local_hot_rows,
         "local_rows": sum(u.rows for u in ctl.tracker.units),
         "samples_per_second": args.steps * args.batch / train_s,
@@ -95,7 +96,7 @@ def worker(args: argparse.Namespace) -> None:
     }
     everyone = all_gather_objects(mine)
     if env.rank == 0:
-        sel = ctl.hot_selection or {}
+        sel = ctl.tracker.selection or {}
         peak = max(r["peak_state_bytes"] for r in everyone)
         out = {
             "tables": {"big": args.big_tables, "rows_each": args.rows, "small": args.small_tables, "total_rows": sum(rows)},

@@ -26,7 +26,7 @@ from slipstream_rec.model.config import ModelConfig
 from slipstream_rec.optim import OptimConfig
 from slipstream_rec.sharding.config import ShardingConfig
 from slipstream_rec.slipstream.config import SlipstreamConfig
-from slipstream_rec.training.config import TrainerConfig
+from slipstream_rec.training.config import DownsamplingConfig, TrainerConfig
 
 
 @dataclass
@@ -39,6 +39,7 @@ class JobConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     slipstream: SlipstreamConfig = field(default_factory=SlipstreamConfig)
+    downsampling: DownsamplingConfig = field(default_factory=DownsamplingConfig)
     # Name of the experiment (set by conf/experiment/*.yaml); recorded in summary.json.
     experiment: Optional[str] = None
 
@@ -102,6 +103,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
     try:
         job.trainer.validate()
         job.slipstream.validate()
+        job.downsampling.validate()
         job.optim.validate()
         job.model.validate()
         for direction in ("forward", "backward"):

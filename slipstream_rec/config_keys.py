@@ -122,12 +122,23 @@ def schema_keys(root: type, prefix: str = "") -> Iterator[str]:
         yield from schema_keys(_unwrap_optional(tp), key + ".")
 
 
+# Keys that moved to another component: their new names, for the message that refuses the old.
+MOVED = {
+    "slipstream.negative_downsampling": "downsampling.rate",
+    "slipstream.negatives_per_click": "downsampling.negatives_per_click",
+    "slipstream.downsampling_guard_steps": "downsampling.guard_steps",
+    "slipstream.downsampling_max_noise": "downsampling.max_noise",
+}
+
+
 def suggest_key(key: str, root: type) -> Optional[str]:
     """The existing key closest to a mistyped ``key``, or None."""
     res = resolve(key, root)
     parts = key.split(".")
     if res.ok:
         return None
+    if key in MOVED:
+        return MOVED[key]
     if res.siblings:  # a typo at one level: keep the path around it (trainer.bach_size)
         match = difflib.get_close_matches(parts[res.bad_index], res.siblings, n=1, cutoff=0.6)
         if match:

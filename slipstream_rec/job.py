@@ -31,10 +31,12 @@ from slipstream_rec.sharding.plan import describe_plan, shard_model
 from slipstream_rec.sharding.qcomms import codecs_registry, qcomms_summary
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.comm_hooks import install_ddp_comm_hook
+from slipstream_rec.training.downsampling import NegativeDownsampler
 from slipstream_rec.training.embedding_traffic import run_meter
 from slipstream_rec.training.host_memory import apply_host_memory
 from slipstream_rec.training.metric_log import MetricLog, write_json_atomic
-from slipstream_rec.training.trainer import Trainer, planned_steps
+from slipstream_rec.training.run_state import planned_steps
+from slipstream_rec.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +205,9 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         )
 
     train_loader = loader("train", True)
+    # negative downsampling: its own random stream per rank; the controller draws its drop mask
+    # on the data side, the trainer runs its guard
+    downsampling = NegativeDownsampler.from_config(job.downsampling, tr.seed, env.rank)
     slipstream = SlipstreamController(
         job.slipstream,
         dmp,
@@ -211,13 +216,15 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         batch_size=tr.batch_size,
         seed=tr.seed,
         rank=env.rank,
+        downsampling=downsampling,
     )
     total_steps = planned_steps(tr, len(train_loader))
     if resume is not None and tr.resume != "auto":  # auto in its own directory: finishes the run
         check_trains_something(tr, resume.path, resume.step, total_steps, len(train_loader))  # all ranks
     log = MetricLog(
         run_dir, env.is_rank0, tr.tensorboard, tr.progress_bar, total_steps,
-        resume_step=resume.step if resume is not None else None,
+        resume_step=resume.step if resume is not None else None, every_steps=tr.log_every_steps,
+        samples_per_step=tr.batch_size * env.world_size,
     )  # fmt: skip
     trainer = Trainer(
         tr,
@@ -230,6 +237,7 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         loader("test", False) if tr.test_at_end else None,
         log,
         slipstream,
+        downsampling,
         checkpointer,
         run_dir=run_dir,
     )
@@ -319,7 +327,7 @@ def skip_parts(summary: Dict[str, Any]) -> str:
     setting = f"{setting}, rate {down.get('rate'):g}" if setting == "auto" else f"{setting:g}"
     policy = max(0.0, summary["skip_fraction"] - dropped / seen)
     return (
-        f" (negative_downsampling={setting}: {dropped / seen:.3f} of the samples, non-clicks "
+        f" (downsampling.rate={setting}: {dropped / seen:.3f} of the samples, non-clicks "
         f"dropped; the policy: {policy:.3f})"
     )
 

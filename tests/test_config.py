@@ -135,12 +135,17 @@ def test_random_control_needs_its_fraction_and_only_it_takes_one():
         load_config(["slipstream=random", "slipstream.random_skip_fraction=1.0"])
 
 
-def test_negative_sampling_is_the_random_policy_on_non_clicks():
+def test_negative_sampling_is_uniform_negative_downsampling_with_slipstream_off():
     from slipstream_rec.slipstream.config import Policy
 
-    neg = load_config(["slipstream=negative_sampling"]).slipstream
-    assert neg.policy is Policy.random and neg.negatives_only and neg.keep_probability == 0
-    assert neg.random_skip_fraction == pytest.approx(2 / 3, abs=1e-5) and neg.max_skip_fraction == 1
+    job = load_config(["slipstream=negative_sampling"])
+    assert job.slipstream.policy is Policy.off and job.slipstream.preset == "negative_sampling"
+    assert job.downsampling.rate == pytest.approx(2 / 3, abs=1e-5)
+    # a preset chooses its downsampling; the command line still overrides it
+    assert load_config(["slipstream=off"]).downsampling.rate == 0.0
+    assert load_config(["slipstream=serve"]).downsampling.rate == "auto"
+    assert load_config(["slipstream=serve", "downsampling=off"]).downsampling.rate == 0.0
+    assert load_config(["slipstream=paper_plus_negatives"]).downsampling.rate == pytest.approx(2 / 3, abs=1e-5)
 
 
 def test_slipstream_counting_must_count_at_least_one_step():

@@ -380,16 +380,16 @@ def test_a_schema_list_given_as_text_shows_the_list_it_meant(workdir, capsys):
 
 @pytest.mark.parametrize("value, rate", [("0", 0.0), ("0.0", 0.0), ("auto", "auto")])
 def test_negative_downsampling_takes_a_whole_number_as_the_rate(workdir, value, rate):
-    """The docs write `negative_downsampling=0` (none): the int 0 is the rate 0.0, not a type error."""
+    """The docs write `downsampling.rate=0` (none): the int 0 is the rate 0.0, not a type error."""
     from slipstream_rec.config import load_config
 
-    got = load_config([f"slipstream.negative_downsampling={value}"]).slipstream.negative_downsampling
+    got = load_config([f"downsampling.rate={value}"]).downsampling.rate
     assert got == rate and type(got) is type(rate)
 
 
 def test_negative_downsampling_one_names_the_range_not_the_type(workdir, capsys):
-    line = train_fails(capsys, "slipstream.negative_downsampling=1")
-    assert "slipstream.negative_downsampling=1.0 is invalid" in line and "[0, 1)" in line
+    line = train_fails(capsys, "downsampling.rate=1")
+    assert "downsampling.rate=1.0 is invalid" in line and "[0, 1)" in line
     assert "type hint" not in line
     nothing_written(workdir)
 

@@ -1,7 +1,9 @@
 """The package's import structure: no circle, data/ below training/, small data/ modules.
 
 The graph is read from the source with ``ast`` (every ``import`` / ``from ... import``, also
-those inside functions, which a circle hides behind), not by importing anything.
+those inside functions, which a circle hides behind), not by importing anything. Imports under
+``if TYPE_CHECKING:`` are left out: they name a type for the reader and load nothing (the
+controller's reporting and checkpoint modules annotate the controller that imports them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ def _modules() -> Dict[str, Tuple[Path, bool]]:
     return out
 
 
+def _runtime_nodes(tree: ast.AST) -> List[ast.AST]:
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:``."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        for child in ast.iter_child_nodes(node):
+            test = getattr(child, "test", None)
+            if isinstance(child, ast.If) and isinstance(test, ast.Name) and test.id == "TYPE_CHECKING":
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+    return out
+
+
 def _imports() -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, str]]]:
     """(module -> package modules it imports, [(importer, module, private name)])."""
     mods = _modules()
@@ -33,7 +50,7 @@ def _imports() -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, str]]]:
     private = []
     for mod, (f, is_pkg) in mods.items():
         here = mod.split(".") if is_pkg else mod.split(".")[:-1]
-        for node in ast.walk(ast.parse(f.read_text())):
+        for node in _runtime_nodes(ast.parse(f.read_text())):
             if isinstance(node, ast.Import):
                 edges[mod].update(a.name for a in node.names if a.name in mods)
             elif isinstance(node, ast.ImportFrom):

@@ -29,9 +29,11 @@ def test_the_short_run_warning_names_the_preset_not_its_policy(preset, policy):
 
 
 def test_the_run_and_result_lines_name_the_preset_and_what_downsampling_dropped(tmp_path):
+    # the negative_sampling preset with the random control's skipping beside it: samples skipped
+    # by both, and a preset whose name is not its policy's
     cmd = [sys.executable, "-m", "slipstream_rec.train", "experiment=smoke", "slipstream=negative_sampling",
-           "slipstream.negative_downsampling=0.5", "trainer.run_dir=runs/n", "trainer.progress_bar=false",
-           "trainer.tensorboard=false"]  # fmt: skip
+           "slipstream.policy=random", "slipstream.random_skip_fraction=0.5", "downsampling.rate=0.5",
+           "trainer.run_dir=runs/n", "trainer.progress_bar=false", "trainer.tensorboard=false"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "WORLD_SIZE", "RANK")}
     r = subprocess.run(cmd, cwd=tmp_path, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                        timeout=300)  # fmt: skip
@@ -43,6 +45,6 @@ def test_the_run_and_result_lines_name_the_preset_and_what_downsampling_dropped(
     assert done.startswith("done: slipstream=negative_sampling (policy random) "), done
     seen, dropped = summary["samples_seen"], summary["negative_downsampling"]["negatives_dropped"]
     assert 0 < dropped < summary["samples_skipped"]  # both skipped samples: downsampling and policy
-    expected = (f"skip_fraction={summary['skip_fraction']:.3f} (negative_downsampling=0.5: {dropped / seen:.3f} "
+    expected = (f"skip_fraction={summary['skip_fraction']:.3f} (downsampling.rate=0.5: {dropped / seen:.3f} "
                 f"of the samples, non-clicks dropped; the policy: {summary['skip_fraction'] - dropped / seen:.3f})")
     assert expected in done, done

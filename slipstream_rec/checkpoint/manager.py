@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ from slipstream_rec import interrupt
 from slipstream_rec.checkpoint import optim_state
 from slipstream_rec.checkpoint.config import CheckpointConfig
 from slipstream_rec.checkpoint.store import CheckpointInfo, CheckpointStore, resolve
-from slipstream_rec.distributed import DistEnv, all_gather_objects, broadcast_object, cpu_group
+from slipstream_rec.distributed import DistEnv, all_gather_objects, all_reduce_, broadcast_object, cpu_group
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,26 @@ class Checkpointer:
         self.saved = 0
         self.seconds = 0.0
         self.last_path: Optional[Path] = None
+        self.last_step = -1  # the step of the last checkpoint written or resumed from
+        self.last_train_s = 0.0  # training seconds at that step
+
+    # ---- when to save (collective) ---------------------------------------------------------
+    def due(self, step: int, train_seconds: Callable[[], float]) -> bool:
+        """Whether to save after ``step``: every_steps, or every_minutes of training by rank 0's
+        clock. Collective: all ranks enter one MAX all-reduce every check_every_steps steps."""
+        c = self.cfg
+        if not c.enabled:
+            return False
+        due = bool(c.every_steps) and step % c.every_steps == 0
+        if c.every_minutes and step % c.check_every_steps == 0:
+            late = train_seconds() - self.last_train_s >= 60.0 * c.every_minutes
+            flag = torch.tensor([1.0 if (late and self.env.is_rank0) else 0.0])
+            due = bool(all_reduce_(flag, dist.ReduceOp.MAX).item()) or due  # all ranks
+        return due
+
+    def mark_saved(self, step: int, train_seconds: float) -> None:
+        """``step`` is on disk (written, or the checkpoint a run resumed from)."""
+        self.last_step, self.last_train_s = step, train_seconds
 
     def _tensor_state(self) -> Dict[str, Any]:
         optim = optim_state.to_checkpoint(self.optimizer.state_dict())

@@ -4,7 +4,7 @@ A KJT is feature-major: ``lengths`` has F*B entries, entry ``f*B + b`` is the ba
 sample ``b`` for feature ``f``. All reductions here are segment reductions over those bags,
 then a sum/max over the F axis of the (F, B) view -- no Python loop over samples.
 
-Conventions (shared with ``threshold_for_target`` and ``sampling.SkipDecider``):
+Conventions (shared with ``threshold.threshold_for_target`` and ``decide.SkipDecider``):
 
 * a row is stale for threshold T iff ``change < T`` (strict);
 * a sample with no lookups at all is never skippable (its max change is +inf);
@@ -13,8 +13,7 @@ Conventions (shared with ``threshold_for_target`` and ``sampling.SkipDecider``):
 
 from __future__ import annotations
 
-import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -28,7 +27,6 @@ __all__ = [
     "stale_fraction_per_sample",
     "skippable",
     "skippable_by_threshold",
-    "threshold_for_target",
     "validate_alpha",
 ]
 
@@ -192,82 +190,3 @@ def skippable_by_threshold(
         return ok
     hit, total = _sample_counts(kjt, per_lookup < float(threshold), layout)
     return _skippable_from_counts(hit, total, alpha)
-
-
-def threshold_for_target(
-    max_changes: torch.Tensor, target: float, max_threshold: float
-) -> Tuple[float, Dict[str, Any]]:
-    """Threshold T so that about ``target`` of the hot sampled inputs have max change < T.
-
-    ``max_changes``: per-sample max change of a sample of upcoming inputs (``per_sample_max_change``;
-    +inf = touches a non-hot row). Among the n_hot finite values, with k = ceil(target * n_hot),
-    T is the next float32 above the k-th smallest value, so at least k (more only with ties) hot
-    inputs are below T -- the closest achievable fraction that does not go under ``target``.
-    Then T = min(T, max_threshold).
-
-    Returns (T, info). T is 0.0 when nothing can be skipped (changes are >= 0, so nothing is
-    stale at T = 0) and ``info["reason"]`` then says why; otherwise ``info["reason"]`` is None.
-    info keys: n_sampled, n_hot, target, k, threshold, uncapped_threshold, capped,
-    achieved_hot_fraction (hot inputs below T / n_hot), achieved_fraction (all sampled inputs
-    below T / n_sampled), reason.
-    """
-    target_f = float(target)
-    if not (0.0 <= target_f <= 1.0):  # also rejects NaN
-        raise ValueError(
-            f"slipstream.target_skip_fraction must be in [0, 1] (fraction of hot upcoming inputs "
-            f"to make skippable), got {target!r}"
-        )
-    cap = float(max_threshold)
-    if not (cap >= 0.0):  # also rejects NaN
-        raise ValueError(
-            f"slipstream.max_threshold must be >= 0 (upper bound on the staleness threshold; "
-            f"inf = no cap), got {max_threshold!r}"
-        )
-    values = torch.as_tensor(max_changes).detach().reshape(-1).to(torch.float32)
-    if bool(torch.isnan(values).any()):
-        raise ValueError("threshold_for_target: max_changes contains NaN")
-    n_sampled = int(values.numel())
-    hot = values[torch.isfinite(values)]
-    n_hot = int(hot.numel())
-    info: Dict[str, Any] = {
-        "n_sampled": n_sampled,
-        "n_hot": n_hot,
-        "target": target_f,
-        "k": 0,
-        "threshold": 0.0,
-        "uncapped_threshold": 0.0,
-        "capped": False,
-        "achieved_hot_fraction": 0.0,
-        "achieved_fraction": 0.0,
-        "reason": None,
-    }
-    if n_sampled == 0:
-        info["reason"] = "no upcoming inputs were sampled (empty look-ahead)"
-        return 0.0, info
-    if n_hot == 0:
-        info["reason"] = f"none of the {n_sampled} sampled inputs is hot (all touch a non-hot row)"
-        return 0.0, info
-    if target_f == 0.0:
-        info["reason"] = "slipstream.target_skip_fraction is 0"
-        return 0.0, info
-    # k-th smallest with k = ceil(target * n_hot); the 1e-9 absorbs float error in the product
-    # (0.3 * 10 = 3.0000000000000004 must give 3, not 4).
-    k = min(n_hot, max(1, math.ceil(target_f * n_hot - 1e-9)))
-    kth = torch.kthvalue(hot, k).values
-    uncapped = float(torch.nextafter(kth, torch.tensor(_INF, dtype=torch.float32)))
-    threshold = min(uncapped, cap)
-    below = int((hot < threshold).sum())  # same float32 comparison as RowState.stale_mask
-    info.update(
-        k=k,
-        threshold=threshold,
-        uncapped_threshold=uncapped,
-        capped=uncapped > cap,
-        achieved_hot_fraction=below / n_hot,
-        achieved_fraction=below / n_sampled,
-    )
-    if below == 0:
-        info["reason"] = (
-            f"slipstream.max_threshold={cap} binds below every hot input's max change "
-            f"(smallest {float(hot.min())}): nothing is skippable"
-        )
-    return threshold, info

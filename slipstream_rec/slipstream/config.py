@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Union
-
 from slipstream_rec.validation import check_fields
 
 
@@ -191,34 +189,11 @@ class SlipstreamConfig:
     # skipping is safe, so D is lowered.
     quality_min_samples: int = 200
 
-    # --- negative downsampling beside any policy (training/downsampling.py)
-    # Fraction f of the non-clicks dropped uniformly at random, before the policy classifies
-    # (or serves) what remains (He et al. 2014); evaluation adds log(1 - f) to every logit so
-    # predicted click rates stay calibrated. A number forces that rate from the first step (0:
-    # none); "auto" chooses it from the click rate of the first look-ahead (the rule:
-    # negatives_per_click) and lowers it while training if it costs (the guard). A whole number
-    # is that rate (0: none), as the docs write it; int is in the hint so that `=0` composes.
-    negative_downsampling: Union[float, int, str] = 0.0
-    # auto: the rule keeps at least this many non-clicks per click (f = 1 - m c / (1 - c)).
-    negatives_per_click: float = 25.0
-    # auto: steps between two guard checks, each over the batches trained since the last (0:
-    # no guard; the first window is measured, never acted on).
-    downsampling_guard_steps: int = 100
-    # auto: the most gradient noise downsampling may add, as a fraction of the variance of the
-    # gradient with respect to the logits (f / (1 - f) x the non-clicks' share of it, measured
-    # on held-out samples); above it the guard lowers f.
-    downsampling_max_noise: float = 0.05
-
     # --- the control (policy random only)
     # Fraction of the samples skipped uniformly at random, whatever their lookups. Set it to the
     # skip fraction of the run it controls (benchmarks/slipstream_policies.py --random-control
     # does). negatives_only and max_skip_fraction apply as for the other policies.
     random_skip_fraction: float = 0.0
-
-    def __post_init__(self) -> None:
-        # `negative_downsampling=0` arrives as the int 0: the code reads a float rate or "auto".
-        if isinstance(self.negative_downsampling, int) and not isinstance(self.negative_downsampling, bool):
-            self.negative_downsampling = float(self.negative_downsampling)
 
     def validate(self) -> None:
         checks = [
@@ -262,16 +237,6 @@ class SlipstreamConfig:
             ("warmup_steps", self.warmup_steps >= 0, "0 or more steps"),
             ("random_skip_fraction", 0 <= self.random_skip_fraction < 1, "a fraction in [0, 1)"),
             ("quality_sample_size", self.quality_sample_size >= 1, "a positive sample count"),
-            (
-                "negative_downsampling",
-                self.negative_downsampling == "auto"
-                or (not isinstance(self.negative_downsampling, str) and 0 <= self.negative_downsampling < 1),
-                "auto (chosen from the data and guarded) or a fraction of the non-clicks in [0, 1) "
-                "(0: none; 1 would drop every non-click)",
-            ),
-            ("negatives_per_click", self.negatives_per_click > 0, "a positive number of non-clicks per click"),
-            ("downsampling_guard_steps", self.downsampling_guard_steps >= 0, "0 (no guard) or a step count"),
-            ("downsampling_max_noise", self.downsampling_max_noise > 0, "a positive fraction of the gradient's variance"),
             ("quality_min_gain", 0 <= self.quality_min_gain < 1, "a fraction in [0, 1)"),
             ("quality_z", self.quality_z >= 0, "0 or more standard errors"),
             ("quality_step", 0 < self.quality_step <= 1, "a fraction in (0, 1]"),
@@ -328,3 +293,9 @@ class SlipstreamConfig:
     @property
     def serves(self) -> bool:
         return self.action is Action.serve
+
+    @property
+    def classifies(self) -> bool:
+        """Whether each input is classified on the data side (skipped, or counted as what would
+        be skipped): every policy but ``off``, and never under ``serve``, which drops nothing."""
+        return self.policy is not Policy.off and not self.serves

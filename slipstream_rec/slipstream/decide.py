@@ -28,9 +28,10 @@ import torch
 
 from slipstream_rec.data.types import Batch
 from slipstream_rec.slipstream.classify import skippable_by_threshold, validate_alpha
+from slipstream_rec.slipstream.config import SlipstreamConfig
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 
-__all__ = ["SkipDecider", "WindowStats", "ThresholdSource"]
+__all__ = ["KeepAll", "SkipDecider", "WindowStats", "ThresholdSource"]
 
 # A fixed threshold, None (no threshold yet: nothing is stale), or a getter called per batch.
 ThresholdSource = Union[float, None, Callable[[], Optional[float]]]
@@ -130,6 +131,20 @@ class SkipDecider:
         self.windows_dropped = 0  # completed windows pushed out unread
         self.totals = WindowStats(index=-1)  # over all windows; index is meaningless here
         self.last_threshold: Optional[float] = None
+
+    @classmethod
+    def from_config(
+        cls, cfg: SlipstreamConfig, index: RowIndex, row_state: RowState, seed: int,
+        threshold: ThresholdSource, active: Optional[Callable[[], bool]],
+    ) -> "SkipDecider":  # fmt: skip
+        """The decider of a classifying policy (slipstream.*): skipping, tracking only, or the
+        random control."""
+        return cls(
+            index, row_state, threshold=threshold, active=active, alpha=cfg.alpha,
+            keep_probability=cfg.keep_probability, max_skip_fraction=cfg.max_skip_fraction,
+            window_samples=cfg.window_samples, seed=seed, enabled=cfg.skips,
+            negatives_only=cfg.negatives_only, random_fraction=cfg.random_skip_fraction,
+        )  # fmt: skip
 
     def current_threshold(self) -> Optional[float]:
         t = self.threshold() if callable(self.threshold) else self.threshold
@@ -245,3 +260,34 @@ class SkipDecider:
         self.current_window = WindowStats(**state["current_window"])  # type: ignore[arg-type]
         self.totals = WindowStats(**state["totals"])  # type: ignore[arg-type]
         self.last_threshold = state["last_threshold"]  # type: ignore[assignment]
+
+    def logit_offset(self) -> float:
+        """What evaluation adds to every logit for this decider's skips: log(1 - f) for the
+        random control restricted to non-clicks at pure skipping (uniform negative downsampling
+        at rate f trains the non-clicks at odds 1/(1 - f) too high; He et al. 2014), else 0: with
+        p > 0 the 1/p weights keep the loss unbiased, and a skip that depends on the lookups
+        shifts some inputs' odds and not others', which no single offset corrects."""
+        if self.random_fraction > 0 and self.negatives_only and self.keep_probability == 0:
+            return math.log(1.0 - self.random_fraction)
+        return 0.0
+
+
+class KeepAll:
+    """The decision of the policies that classify nothing on the data side (``off``, and the
+    ``serve`` action, which drops nothing): every sample kept at weight 1, no draw."""
+
+    def __init__(self) -> None:
+        self.totals = WindowStats(index=-1)  # never asked: nothing would be skipped
+
+    def __call__(self, batch: Batch, dropped: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        n = batch.batch_size
+        return torch.ones(n, dtype=torch.bool), torch.ones(n)
+
+    def logit_offset(self) -> float:
+        return 0.0
+
+    def state_dict(self) -> Dict[str, object]:
+        return {}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        pass

@@ -25,13 +25,26 @@ group) summed over ranks, so every rank takes the same decision from the same nu
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
-__all__ = ["QualityStats", "QualityGovernor", "group_stats"]
+from slipstream_rec.data.batch_ops import slice_rows
+from slipstream_rec.data.types import Batch
+from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.slipstream.classify import skippable_by_threshold
+from slipstream_rec.slipstream.config import SlipstreamConfig
+from slipstream_rec.slipstream.rows import RowIndex, RowState
+
+__all__ = ["NoQuality", "QualityCheck", "QualityStats", "QualityGovernor", "group_stats"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -134,3 +147,94 @@ class QualityGovernor:
         self.target = float(state["target"])
         self.decisions = int(state["decisions"])
         self.last = state["last"]
+
+
+class QualityCheck:
+    """``slipstream.quality_check``: scores the upcoming sample at each threshold choice and
+    moves D. ``scorer`` (per-sample logits of a batch under the current parameters, no grad: a
+    collective, the sharded forward) is set by the trainer before the first step."""
+
+    def __init__(self, cfg: SlipstreamConfig, index: RowIndex, row_state: RowState, is_rank0: bool) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.row_state = row_state
+        self.is_rank0 = is_rank0
+        self.governor = QualityGovernor(
+            cfg.target_skip_fraction, cfg.quality_step, cfg.quality_min_gain, cfg.quality_z, cfg.quality_min_samples
+        )
+        self.sample_size = cfg.quality_sample_size  # upcoming samples per rank it scores
+        self.scorer: Optional[Callable[[Batch], torch.Tensor]] = None
+        self.seconds = 0.0
+
+    @property
+    def target(self) -> float:
+        """The current D."""
+        return self.governor.target
+
+    @property
+    def decisions(self) -> int:
+        return self.governor.decisions
+
+    def check(self, sample: Optional[Batch], t_max: float, step: int) -> Optional[Dict[str, Any]]:
+        """Score the upcoming sample and move D. Collectives, all ranks: one MIN all-reduce of
+        the sample size, the sharded forward (``scorer``), one SUM all-reduce of the loss
+        statistics. None where some rank has no sample (the end of the data): D stays."""
+        assert self.scorer is not None, "quality check without a scorer"
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        local = 0 if sample is None else min(sample.batch_size, self.sample_size)
+        n = int(all_reduce_(torch.tensor([local], dtype=torch.int64), dist.ReduceOp.MIN).item())
+        if n == 0:
+            return None
+        assert sample is not None
+        batch = slice_rows(sample, 0, n)  # the same size on every rank
+        candidate = skippable_by_threshold(batch.sparse_features, self.index, self.row_state, t_max, cfg.alpha)
+        if cfg.negatives_only:
+            candidate &= batch.labels.view(-1) == 0
+        logits = self.scorer(batch).detach().float().cpu().view(-1)
+        losses = nn.functional.binary_cross_entropy_with_logits(
+            logits, batch.labels.view(-1).float(), reduction="none"
+        )
+        totals = all_reduce_(group_stats(losses, candidate).to_tensor())  # all ranks
+        record = self.governor.update(QualityStats.from_tensor(totals), step)
+        record["threshold_at_max_target"] = float(t_max)
+        if self.is_rank0:
+            logger.info(
+                "slipstream: quality check at step %d: %s; target %.3f -> %.3f",
+                step, record["reason"], record["target_before"], record["target_after"],
+            )  # fmt: skip
+        record["seconds"] = time.perf_counter() - t0
+        self.seconds += record["seconds"]
+        return record
+
+    def state_dict(self) -> Optional[Dict[str, Any]]:
+        return self.governor.state_dict()
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]]) -> None:
+        if state is None:
+            raise ValueError(
+                "the checkpoint was written without slipstream.quality_check, this run has it "
+                "on. Fix: resume with slipstream.quality_check=false, or start a new run directory"
+            )
+        self.governor.load_state_dict(state)
+
+
+class NoQuality:
+    """No quality check: D stays ``target_skip_fraction``, nothing is scored."""
+
+    sample_size = 0
+    decisions = 0
+    seconds = 0.0
+    scorer: Optional[Callable[[Batch], torch.Tensor]] = None
+
+    def __init__(self, cfg: SlipstreamConfig) -> None:
+        self.target = float(cfg.target_skip_fraction)
+
+    def check(self, sample: Optional[Batch], t_max: float, step: int) -> None:
+        return None
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]]) -> None:
+        pass

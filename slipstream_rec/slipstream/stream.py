@@ -284,3 +284,38 @@ class SkippingStream:
             "source_batches_classified": self.source_batches_classified,
             "batches_emitted": self.batches_emitted,
         }
+
+
+class StreamTotals:
+    """The stream counters of the epochs before the running one (a stream per epoch)."""
+
+    def __init__(self) -> None:
+        self.totals = {"seen": 0, "skipped": 0, "dropped": 0}
+
+    def close(self, stream: Optional[SkippingStream]) -> None:
+        """Add a stream that ends (None: there was none)."""
+        if stream is not None:
+            self.totals["seen"] += stream.samples_seen
+            self.totals["skipped"] += stream.samples_skipped
+            self.totals["dropped"] += stream.samples_dropped_at_end
+
+    def dropped_at_end(self, n: int) -> None:
+        """Samples a rank built but did not train because another rank ran out (``lockstep``)."""
+        self.totals["dropped"] += n
+
+    def with_running(self, stream: Optional[SkippingStream]) -> Tuple[int, int, int]:
+        """(seen, skipped, dropped) over every epoch, the running ``stream`` included."""
+        t = self.totals
+        if stream is None:
+            return t["seen"], t["skipped"], t["dropped"]
+        return (
+            t["seen"] + stream.samples_seen,
+            t["skipped"] + stream.samples_skipped,
+            t["dropped"] + stream.samples_dropped_at_end,
+        )
+
+    def state_dict(self) -> Dict[str, int]:
+        return dict(self.totals)
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self.totals.update(state)

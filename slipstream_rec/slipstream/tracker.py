@@ -1,7 +1,7 @@
 """Global hot and stale sets, agreed by all ranks from what each shard tracked locally.
 
 Every public method here that is a collective is entered by ALL ranks at the same training step
-(the controller calls them from ``after_step`` on step numbers every rank shares); none sits in a
+(the controller calls them from ``on_step_end`` on step numbers every rank shares); none sits in a
 rank-dependent branch. After each of them every rank holds the same ``RowState``: the same hot
 rows with the same change values, hence the same stale set for any threshold.
 """
@@ -16,11 +16,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from slipstream_rec.slipstream.config import SlipstreamConfig
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.sharding.sharded import ShardUnit, SlipstreamShardedEBC, flush_caches
 from slipstream_rec.distributed import all_reduce_, gather_varlen
 
 logger = logging.getLogger(__name__)
+
+Counts = Tuple[torch.Tensor, torch.Tensor]  # (sorted flat keys, int64 counts)
 
 
 @dataclass
@@ -66,6 +69,20 @@ class StalenessTracker:
         self.snapshots_taken = 0
         self.hot_keys = torch.zeros(0, dtype=torch.int64)  # global flat keys of the hot rows, sorted
         self.peak_bytes = 0  # largest state_bytes() seen, transient copies and gathers included
+        self.selection: Optional[Dict[str, Any]] = None  # the latest choice of the hot set
+        self.turnover: List[Dict[str, int]] = []  # one entry per later choice of the hot set
+
+    @classmethod
+    def from_config(
+        cls, cfg: SlipstreamConfig, modules: List[SlipstreamShardedEBC], index: RowIndex, row_state: RowState
+    ) -> "StalenessTracker":
+        """The tracker of a tracking policy, over the model's Slipstream shards."""
+        if not modules:
+            raise ValueError(
+                f"slipstream.policy={cfg.policy.value} needs the project's sharder "
+                "(SlipstreamEmbeddingBagCollectionSharder); the model has no Slipstream shards"
+            )
+        return cls(modules, index, row_state, cfg.change_metric.value)
 
     @property
     def feature_index(self) -> Dict[str, int]:
@@ -76,6 +93,36 @@ class StalenessTracker:
     def set_counting(self, on: bool) -> None:
         for module in self.modules:
             module.counting = on
+
+    @property
+    def count_seconds(self) -> float:
+        """Host seconds this rank spent counting lookups."""
+        return sum(m.count_seconds for m in self.modules)
+
+    # ---- the hot set (collective) -----------------------------------------------------------
+    def choose_first(self, step: int, budget_bytes: int, min_count: int, extra: Optional[Counts]) -> None:
+        """The hot set chosen for the first time, from the lookups counted so far (``select_hot``),
+        recorded in ``selection``. Collective."""
+        sel = self.select_hot(budget_bytes, min_count, extra)
+        self.selection = sel.__dict__
+        if _is_rank0():
+            logger.info(
+                "slipstream: %d hot rows (%.1f MiB of %.1f MiB budget, min count %d) at step %d",
+                sel.hot_rows, sel.hot_bytes / 2**20, sel.budget_bytes / 2**20, sel.min_count_used, step,
+            )  # fmt: skip
+
+    def choose_again(self, step: int, budget_bytes: int, min_count: int, extra: Optional[Counts]) -> None:
+        """The hot set chosen again from the lookups counted since the last choice
+        (``reselect_hot``), right after a snapshot; recorded in ``selection`` and ``turnover``.
+        Collective."""
+        sel, joined, left = self.reselect_hot(budget_bytes, min_count, extra)
+        self.selection = sel.__dict__
+        self.turnover.append({"step": step, "hot_rows": sel.hot_rows, "joined": joined, "left": left})
+        if _is_rank0():
+            logger.info(
+                "slipstream: hot set chosen again at step %d: %d rows (%d joined, %d left)",
+                step, sel.hot_rows, joined, left,
+            )  # fmt: skip
 
     def _global_keys(self, unit: ShardUnit, local_rows: torch.Tensor) -> torch.Tensor:
         rows = local_rows.to(torch.int64).cpu() + unit.row_offset
@@ -277,6 +324,8 @@ class StalenessTracker:
             "layout": self.layout(),
             "snapshots_taken": self.snapshots_taken,
             "hot_keys": self.hot_keys.clone(),
+            "selection": self.selection,
+            "turnover": list(self.turnover),
             "units": [
                 {
                     "counted_rows": cpu(u.counted_rows),
@@ -298,6 +347,7 @@ class StalenessTracker:
         """
         self.snapshots_taken = int(state["snapshots_taken"])
         self.hot_keys = state["hot_keys"].clone()
+        self.selection, self.turnover = state["selection"], list(state["turnover"])
         same = [tuple(x) for x in state["layout"]] == self.layout()
         hot = self.hot_keys
         for i, unit in enumerate(self.units):
@@ -308,10 +358,6 @@ class StalenessTracker:
                 if saved.get("counted_rows") is not None:
                     unit.counted_rows = saved["counted_rows"].to(dev)
                     unit.counted = saved["counted"].to(dev)
-                elif saved.get("counts") is not None:  # older checkpoints: dense float counts
-                    dense = saved["counts"]
-                    rows = torch.nonzero(dense).flatten()
-                    unit.add_counts(rows.to(dev), dense[rows].round().long().to(dev))
                 unit.hot_rows = None if saved["hot_rows"] is None else saved["hot_rows"].to(dev)
                 unit.snapshot = None if saved["snapshot"] is None else saved["snapshot"].to(dev)
                 continue
@@ -343,6 +389,37 @@ class StalenessTracker:
         """Bytes of this rank's tracking state: the global hot keys and every local shard's counts,
         hot rows and snapshot (the controller adds the published changes)."""
         return int(self.hot_keys.numel() * 8 + sum(u.state_bytes() for u in self.units))
+
+
+class NoTracking:
+    """A policy that tracks nothing (off, random): no shard counts, no hot set, no snapshot. The
+    controller's schedule has no tracking step for it, so none of the collectives is called."""
+
+    count_seconds = 0.0
+    peak_bytes = 0
+
+    def __init__(self) -> None:
+        self.modules: List[SlipstreamShardedEBC] = []
+        self.units: List[ShardUnit] = []
+        self.hot_keys = torch.zeros(0, dtype=torch.int64)
+        self.selection: Optional[Dict[str, Any]] = None
+        self.turnover: List[Dict[str, int]] = []
+
+    def set_counting(self, on: bool) -> None:
+        pass
+
+    def state_bytes(self) -> int:
+        return 0
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: None) -> bool:
+        return True
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def hot_budget_bytes(megabytes: float) -> int:

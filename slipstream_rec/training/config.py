@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Optional, Union
 
 from slipstream_rec.checkpoint.config import CheckpointConfig
 from slipstream_rec.training.host_memory import HostMemory
@@ -37,6 +37,47 @@ class DDPCommHook(Enum):
     none = "none"  # DDP's own all-reduce, in the gradients' dtype (fp32)
     fp16 = "fp16"  # fp16_compress_hook: each bucket cast to fp16 for the all-reduce, back after
     bf16 = "bf16"  # bf16_compress_hook: the same in bf16 (fp32's range, fewer mantissa bits)
+
+
+@dataclass
+class DownsamplingConfig:
+    """Uniform negative downsampling (training/downsampling.py), beside any Slipstream policy:
+    a fraction f of the non-clicks dropped at random before the policy sees what remains (He et
+    al. 2014); evaluation adds log(1 - f) to every logit so predicted click rates stay calibrated.
+    conf/downsampling/ selects off, auto or fixed."""
+
+    # A number forces that rate from the first step (0: none); "auto" chooses it from the click
+    # rate of the first look-ahead (the rule: negatives_per_click) and lowers it while training
+    # if it costs (the guard). A whole number is that rate, as the docs write it (`=0`).
+    rate: Union[float, int, str] = 0.0
+    # auto: the rule keeps at least this many non-clicks per click (f = 1 - m c / (1 - c)).
+    negatives_per_click: float = 25.0
+    # auto: steps between two guard checks, each over the batches trained since the last (0:
+    # no guard; the first window is measured, never acted on).
+    guard_steps: int = 100
+    # auto: the most gradient noise downsampling may add, as a fraction of the variance of the
+    # gradient with respect to the logits (f / (1 - f) x the non-clicks' share of it, measured
+    # on held-out samples); above it the guard lowers f.
+    max_noise: float = 0.05
+
+    def __post_init__(self) -> None:
+        # `rate=0` arrives as the int 0: the code reads a float rate or "auto".
+        if isinstance(self.rate, int) and not isinstance(self.rate, bool):
+            self.rate = float(self.rate)
+
+    def validate(self) -> None:
+        checks = [
+            (
+                "rate",
+                self.rate == "auto" or (not isinstance(self.rate, str) and 0 <= self.rate < 1),
+                "auto (chosen from the data and guarded) or a fraction of the non-clicks in [0, 1) "
+                "(0: none; 1 would drop every non-click)",
+            ),
+            ("negatives_per_click", self.negatives_per_click > 0, "a positive number of non-clicks per click"),
+            ("guard_steps", self.guard_steps >= 0, "0 (no guard) or a step count"),
+            ("max_noise", self.max_noise > 0, "a positive fraction of the gradient's variance"),
+        ]
+        check_fields("downsampling", self, checks)
 
 
 @dataclass

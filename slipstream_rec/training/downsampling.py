@@ -3,7 +3,7 @@
 Raw click logs are mostly non-clicks the model soon predicts well; dropping a uniform fraction f
 of them and adding log(1 - f) to every logit at evaluation trains on fewer samples at the same
 calibration (He et al. 2014, "Practical lessons from predicting clicks on ads at Facebook"). How
-much f costs depends on the data, so ``slipstream.negative_downsampling=auto`` decides it:
+much f costs depends on the data, so ``downsampling=auto`` (``downsampling.rate=auto``) decides it:
 
 * **The rule** (once, before the first batch is classified): from the click rate c of the
   upcoming samples in every rank's look-ahead buffer (labels only, summed over ranks), the
@@ -24,19 +24,28 @@ much f costs depends on the data, so ``slipstream.negative_downsampling=auto`` d
   first window only measures: the model is still learning the click rate there.
 
 Every decision, rule or guard, is a record with its reason (``decisions``), logged by the
-controller and shown by the report. A fixed number (``negative_downsampling=0.5``) forces that
-rate: no rule, no guard decision (the guard's measurement is still recorded). The draws come
-from their own random stream, per rank.
+trainer and shown by the report. A fixed number (``downsampling.rate=0.5``) forces that rate: no
+rule, no guard decision (the guard's measurement is still recorded). The draws come from their
+own random stream, per rank.
+
+Where it runs: the drop mask and the rule on the data side, before the Slipstream policy decides
+on the samples that remain (the controller's ``on_host_batch`` and ``wrap`` call it); the guard,
+the calibration and the summary in the trainer.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Dict, List, Optional, Union
 
 import torch
+import torch.distributed as dist
 
 from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.training.config import DownsamplingConfig
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["NegativeDownsampler", "rate_for_click_rate", "rate_within_noise"]
 
@@ -81,7 +90,7 @@ class NegativeDownsampler:
         max_noise: float = 0.05,
     ) -> None:
         # setting: "auto" (rule + guard) or a fixed fraction of non-clicks dropped (0: none).
-        # seed: this rank's stream (the controller passes seed * 1000 + rank).
+        # seed: this rank's stream (from_config: seed * 1000 + rank).
         self.auto = setting == AUTO
         self.rate = 0.0 if self.auto else float(setting)
         self.negatives_per_click = float(negatives_per_click)
@@ -96,6 +105,11 @@ class NegativeDownsampler:
         self.decisions: List[Dict[str, Any]] = []
         self._window = torch.zeros(5, dtype=torch.float64)  # see observe()
         self._windows_seen = 0
+
+    @classmethod
+    def from_config(cls, cfg: DownsamplingConfig, seed: int, rank: int) -> "NegativeDownsampler":
+        """This rank's downsampler: its own random stream (seed * 1000 + rank)."""
+        return cls(cfg.rate, seed * 1000 + rank, cfg.negatives_per_click, cfg.guard_steps, cfg.max_noise)
 
     # ---- data side (per batch, local) -----------------------------------------------------
     def drop_mask(self, labels: torch.Tensor) -> Optional[torch.Tensor]:
@@ -138,7 +152,10 @@ class NegativeDownsampler:
     def observe(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Accumulate one trained batch's held-out statistics (its logits come from the forward
         that trains it). Local, no collective; summed where the logits are, so a GPU step does
-        not wait for a copy to the host (the sums leave the device at the guard step)."""
+        not wait for a copy to the host (the sums leave the device at the guard step). Nothing
+        without a guard."""
+        if self.guard_steps <= 0:
+            return
         z = logits.detach().double().view(-1) + self.logit_offset()
         y = labels.detach().double().view(-1).to(z.device)
         p = torch.sigmoid(z)
@@ -156,6 +173,16 @@ class NegativeDownsampler:
 
     def is_guard_step(self, step: int) -> bool:
         return self.guard_steps > 0 and step > 0 and step % self.guard_steps == 0
+
+    def maybe_guard(self, step: int) -> Optional[Dict[str, Any]]:
+        """The guard's record on a guard step, else None. Collective on guard steps: every rank
+        calls it after every step."""
+        if not self.is_guard_step(step):
+            return None
+        record = self.guard(step)
+        if record["rate_after"] != record["rate_before"] and _is_rank0():
+            logger.warning("downsampling: negative downsampling at step %d: %s", step, record["reason"])
+        return record
 
     def guard(self, step: int) -> Dict[str, Any]:
         """Measure R over the window since the last guard step and back off if it is too much.
@@ -229,9 +256,16 @@ class NegativeDownsampler:
             self._gen.manual_seed((self.seed * 1_000_003 + self.dropped + 7_777_777) % (1 << 62))
 
     def summary(self) -> Dict[str, Any]:
-        """For summary.json (the same on every rank but ``dropped``, which the caller sums)."""
+        """For summary.json: the setting, rate and decisions, and the non-clicks dropped summed
+        over ranks. Collective: all ranks enter (one SUM all-reduce)."""
+        dropped = all_reduce_(torch.tensor([self.dropped], dtype=torch.int64))  # all ranks
         return {
             "setting": AUTO if self.auto else self.rate,
             "rate": self.rate,
             "decisions": list(self.decisions),
+            "negatives_dropped": int(dropped.item()),
         }
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0

@@ -55,17 +55,15 @@ def run_meter(model: nn.Module) -> MutableMapping[str, int]:
     return modules[0].a2a_bytes if modules else {}
 
 
-def local_a2a_bytes(model: nn.Module, controller: Any = None) -> Dict[str, int]:
-    """This rank's bytes given to each kind of collective so far (local). ``replica`` needs the
-    controller (its server's replica); without it, it is 0."""
+def local_a2a_bytes(model: nn.Module, replica_sync_bytes: int = 0) -> Dict[str, int]:
+    """This rank's bytes given to each kind of collective so far (local). ``replica`` is metered
+    by serve's replica (``replica_sync_bytes``, Slipstream's ``stats.serving``), not the model."""
     totals = {k: 0 for k in A2A_KINDS}
     for m in _modules(model):
         factor = _codec_rates(m)
         for k in A2A_KINDS:
             totals[k] += int(round(m.a2a_bytes.get(k, 0) * factor.get(k, 1.0)))
-    server = getattr(controller, "server", None)
-    if server is not None:
-        totals["replica"] += int(server.replica.sync_bytes)
+    totals["replica"] += int(replica_sync_bytes)
     return totals
 
 
@@ -158,9 +156,10 @@ def per_sample(totals: Dict[str, float], samples: float) -> Dict[str, float]:
 
 
 def embedding_traffic_summary(
-    model: nn.Module, controller: Any, samples_trained: int, local_world_size: int
+    model: nn.Module, serving: Dict[str, Any], samples_trained: int, local_world_size: int
 ) -> Dict[str, Any]:
     """The summary's traffic and serving fields. Collective: all ranks enter one SUM all-reduce.
+    ``serving``: what serving did on this rank (Slipstream's ``stats.serving``).
     ``local_world_size``: the ranks on this node (``DistEnv``), which the off-rank rates of the
     table-row-wise shardings depend on.
 
@@ -174,18 +173,15 @@ def embedding_traffic_summary(
     (and so updated) in a step, averaged over the measured steps (every
     ``ROWS_UPDATED_EVERY``-th).
     """
-    a2a = local_a2a_bytes(model, controller)
+    a2a = local_a2a_bytes(model, serving["sync_bytes"])
     rows = {"steps": 0, "rows": 0}
     for m in _modules(model):
         rows["steps"] = max(rows["steps"], m.rows_updated["steps"])
         rows["rows"] += m.rows_updated["rows"]
-    server = controller.server
-    replica = server.replica if server is not None else None
-    c = controller.plan.counters()
-    plan = controller.plan
-    features = controller.index.num_features  # the same on every rank
-    per_feature = [plan.feature_lookups or [0] * features, plan.feature_served or [0] * features]
-    assert all(len(x) == features for x in per_feature), "one count per feature"
+    c = serving["counters"]
+    per_feature = [serving["feature_lookups"], serving["feature_served"]]
+    features = len(per_feature[0])  # the same on every rank
+    assert len(per_feature[1]) == features, "one count per feature"
     split = local_split_bytes(model)
     values = [float(a2a[k]) for k in A2A_KINDS] + [
         float(c["samples_served"]), float(c["lookups_served"]), float(c["lookups_split"]),
@@ -216,13 +212,9 @@ def embedding_traffic_summary(
         "served_by_feature": [round(h / s, 4) if s else 0.0 for s, h in zip(seen, hit)],
         "rows_updated_per_step": round(rows_per_step, 1),
         "replica": None
-        if replica is None
+        if serving["replica"] is None
         else {
-            "rows": replica.rows,
-            "bytes_per_rank": replica.nbytes(),
-            "rebuilds": replica.rebuilds,
-            "pushes": server.grads.pushes,
-            "rows_pushed_per_rank": server.grads.rows_pushed,
+            **serving["replica"],
             "sync_bytes_per_sample": round(sync / samples_trained, 3) if samples_trained else 0.0,
         },
     }

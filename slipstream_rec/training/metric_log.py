@@ -6,7 +6,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 
 def _jsonable(value: Any) -> Any:
@@ -30,11 +30,18 @@ class MetricLog:
         progress_bar: bool,
         total_steps: int,
         resume_step: Optional[int] = None,
+        every_steps: int = 1,
+        samples_per_step: int = 0,
     ) -> None:
         # resume_step: the run continues from a checkpoint of this step; records of later steps
         # (written before the interruption, trained again now) are dropped from metrics.jsonl
         # and TensorBoard so that each step appears once.
+        # every_steps: the train record's cadence (trainer.log_every_steps); samples_per_step:
+        # the global batch, for its samples per second.
         self._enabled = enabled
+        self.every_steps = every_steps
+        self._samples_per_step = samples_per_step
+        self._window = (time.perf_counter(), 0)  # (clock, step) where the throughput window began
         self._file = None
         self._tb = None
         self._bar = None
@@ -70,6 +77,32 @@ class MetricLog:
             self._bar.set_postfix(
                 {k: f"{v:.4g}" for k, v in values.items() if k in ("loss", "samples_per_second")}
             )
+
+    def due(self, step: int) -> bool:
+        """``step`` writes a train record."""
+        return step % self.every_steps == 0
+
+    def start_window(self, step: int) -> None:
+        """The throughput window begins now, at ``step`` (the start of an epoch)."""
+        self._window = (time.perf_counter(), step)
+
+    def pause_window(self) -> None:
+        """Time spent since is not training (an evaluation, a checkpoint): the window's clock
+        restarts, its steps are kept."""
+        self._window = (time.perf_counter(), self._window[1])
+
+    def maybe_log(self, step: int, loss: Any, values: Callable[[], Dict[str, Any]]) -> None:
+        """The ``train`` record on its steps (every ``every_steps``): the loss (a host read of
+        it on those steps only), the samples per second since the last record, and ``values()``,
+        computed on rank 0 only. Local, no collective."""
+        if not self.due(step):
+            return
+        now = time.perf_counter()
+        start, start_step = self._window
+        rate = (step - start_step) * self._samples_per_step / max(now - start, 1e-9)
+        self._window = (now, step)
+        if self._enabled:
+            self.log("train", step, {"loss": float(loss), "samples_per_second": rate, **values()})
 
     def _open(self) -> None:
         path = self._run_dir / "metrics.jsonl"

@@ -20,6 +20,7 @@ bf16 only where it measures faster (``PrecisionProbe``, ``trainer.precision_prob
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -139,6 +140,24 @@ class PrecisionProbe:
         self.record = {"fp32_ms_per_step": round(1e3 * fp32_s, 3), "bf16_ms_per_step": round(1e3 * bf16_s, 3),
                        "steps_each": self.steps, "min_gain": self.min_gain}  # fmt: skip
         return self.chosen, why
+
+    def unfinished(self, step: int) -> str:
+        """What the precision's reason adds where the run ended at ``step`` inside the probe."""
+        if self.chosen is not None or step <= PROBE_START:
+            return ""
+        return (
+            f" (its timing did not finish: the run ended before step {self.last_step}, and steps "
+            f"{PROBE_START + 1}-{step} took turns in fp32 and bf16)"
+        )
+
+    def time_step(self, step: int, start: float, device: torch.device) -> Optional[Tuple[Precision, str]]:
+        """Time step ``step``, which began at ``start`` (perf_counter), if it is a probe step; at
+        the probe's last step, the decision (collective: all ranks, the same step)."""
+        if self.candidate(step) is not None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # probe steps only: the kernels' time too
+            self.observe(step, time.perf_counter() - start)
+        return self.agree_and_decide() if step == self.last_step else None
 
     def agree_and_decide(self) -> Tuple[Precision, str]:
         """At ``last_step``: the slowest rank's medians, then ``decide``. Collective: all ranks."""

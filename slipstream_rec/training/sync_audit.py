@@ -207,6 +207,14 @@ class SyncAudit:
         assert len(here) == len(there), "a batch's to() keeps its structure"
         self.taint(t for t, m in zip(here, there) if isinstance(t, torch.Tensor) and m.is_meta)
 
+    @classmethod
+    def for_run(cls, model: Any, pipeline: Any, device: torch.device) -> "SyncAudit":
+        """trainer.sync_audit: an audit of ``model`` trained by ``pipeline`` on ``device``."""
+        audit = cls(cuda=device.type == "cuda")
+        audit.taint_module(model)
+        audit.attach(pipeline)
+        return audit
+
     def attach(self, pipeline: Any) -> None:
         """Taint each batch TorchRec's pipeline copies to the device (its copy_batch_to_gpu)."""
         copy = pipeline.copy_batch_to_gpu

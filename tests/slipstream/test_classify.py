@@ -14,9 +14,9 @@ from slipstream_rec.slipstream.classify import (
     skippable,
     skippable_by_threshold,
     stale_fraction_per_sample,
-    threshold_for_target,
 )
 from slipstream_rec.slipstream.rows import RowIndex, RowState
+from slipstream_rec.slipstream.threshold import threshold_for_target
 from tests.slipstream._util import bags, random_kjt
 
 KEYS = [f"f{i}" for i in range(5)]

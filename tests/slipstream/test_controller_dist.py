@@ -23,7 +23,8 @@ def _source(rank: int, batches: int = 40):
 
 
 def controller_worker(env, reactivate: bool, warmup_steps: int):
-    from slipstream_rec.slipstream.classify import per_sample_max_change, threshold_for_target
+    from slipstream_rec.slipstream.classify import per_sample_max_change
+    from slipstream_rec.slipstream.threshold import threshold_for_target
     from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
     from slipstream_rec.slipstream.controller import SlipstreamController
     from slipstream_rec.distributed import gather_varlen
@@ -44,7 +45,7 @@ def controller_worker(env, reactivate: bool, warmup_steps: int):
         batch = next(stream)
         loss, _ = dmp(batch)
         loss.backward()
-        return ctl.after_step(n)
+        return dict(ctl.on_step_end(n)).get("slipstream")
 
     def move(rows_of_feature0: float, others: float):
         with torch.no_grad():
@@ -71,10 +72,10 @@ def controller_worker(env, reactivate: bool, warmup_steps: int):
     peek = ctl.stream.peek_upcoming(cfg.threshold_sample_size)
     values = gather_varlen(per_sample_max_change(peek.sparse_features, ctl.index, ctl.row_state))
     expected_t, _ = threshold_for_target(values, cfg.target_skip_fraction, cfg.max_threshold)
-    assert ctl.threshold == pytest.approx(expected_t)
+    assert ctl.threshold.value == pytest.approx(expected_t)
     stale_rows_4 = record["stale_rows"]
     assert record["hot_rows"] == hot_before and stale_rows_4 > 0
-    active = ctl._active_threshold()
+    active = ctl.threshold.active(ctl.step)
     assert (active is None) == (warmup_steps > 4)
 
     # Between snapshots 2 and 3 every hot row moves a lot: with re-activation nothing small
@@ -83,7 +84,7 @@ def controller_worker(env, reactivate: bool, warmup_steps: int):
     move(5.0, 5.0)
     record = step(6)
     log.append(record)
-    return ctl.threshold, stale_rows_4, record["stale_rows"], hot_before
+    return ctl.threshold.value, stale_rows_4, record["stale_rows"], hot_before
 
 
 @pytest.mark.parametrize("reactivate", [True, False])

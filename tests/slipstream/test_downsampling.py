@@ -12,7 +12,6 @@ import math
 import pytest
 import torch
 
-from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
 from slipstream_rec.training.downsampling import NegativeDownsampler, rate_for_click_rate
 from tests.dist_harness import run_workers
 
@@ -120,12 +119,16 @@ def test_a_fixed_rate_is_measured_never_moved():
 
 
 def test_config_accepts_auto_or_a_fraction_for_every_policy():
-    for policy, kw in ((Policy.off, {}), (Policy.random, {"random_skip_fraction": 0.2}), (Policy.paper_plus, {})):
-        SlipstreamConfig(policy=policy, negative_downsampling="auto", **kw).validate()
-        SlipstreamConfig(policy=policy, negative_downsampling=0.5, **kw).validate()
+    from slipstream_rec.config import load_config
+    from slipstream_rec.training.config import DownsamplingConfig
+
+    for preset in ("off", "random", "paper_plus", "serve"):
+        for rate in ("auto", "0.5"):
+            job = load_config([f"slipstream={preset}", f"downsampling.rate={rate}"])
+            assert job.downsampling.rate == (rate if rate == "auto" else 0.5)
     for bad in ("aut", 1.0, -0.1):
-        with pytest.raises(ValueError, match=r"slipstream\.negative_downsampling="):
-            SlipstreamConfig(policy=Policy.off, negative_downsampling=bad).validate()
+        with pytest.raises(ValueError, match=r"downsampling\.rate="):
+            DownsamplingConfig(rate=bad).validate()
 
 
 def _two_ranks(env, click_rates):

@@ -23,7 +23,7 @@ def raw_run(tmp_path_factory):
     run_dir = root / "run"
     summary = _torchrun(
         run_dir, root / "data", "slipstream=serve", "data.synthetic.base_ctr=0.02",
-        "slipstream.downsampling_guard_steps=5", "trainer.checkpoint.enabled=false",
+        "downsampling.guard_steps=5", "trainer.checkpoint.enabled=false",
     )
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return summary, records

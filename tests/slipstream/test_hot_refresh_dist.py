@@ -55,7 +55,7 @@ def refresh_worker(env):
     for n in range(1, 9):
         loss, _ = dmp(next(stream))
         loss.backward()
-        records[n] = ctl.after_step(n)
+        records[n] = dict(ctl.on_step_end(n)).get("slipstream")
         if n == 6:  # right after the refresh
             kept = torch.isfinite(ctl.row_state.changes_of(torch.tensor(sorted(a & b))))
             new = torch.isfinite(ctl.row_state.changes_of(torch.tensor(sorted(b - a))))

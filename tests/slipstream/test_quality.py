@@ -107,11 +107,8 @@ def quality_worker(env, modes):
     candidates, recomputed here independently, get a confident correct logit), or "model" (the
     real sharded forward)."""
     from slipstream_rec.distributed import gather_varlen
-    from slipstream_rec.slipstream.classify import (
-        per_sample_max_change,
-        skippable_by_threshold,
-        threshold_for_target,
-    )
+    from slipstream_rec.slipstream.classify import per_sample_max_change, skippable_by_threshold
+    from slipstream_rec.slipstream.threshold import threshold_for_target
     from slipstream_rec.slipstream.controller import SlipstreamController
     from tests.sharding.test_equivalence import FEATURES, ROWS
     from tests.slipstream.test_controller_dist import _source
@@ -150,7 +147,7 @@ def quality_worker(env, modes):
             return torch.where(cand, 6.0 * sign, torch.zeros_like(sign))
         return torch.zeros(batch.batch_size)
 
-    ctl.scorer = scorer
+    ctl.bind(scorer=scorer, clock=lambda: 0.0)
     stream = ctl.wrap(_source(env.rank, batches=80))  # up to D = 0.5 skipped: room to spare
     decisions = []
     for step in range(1, 2 * len(modes) + 3):
@@ -162,7 +159,7 @@ def quality_worker(env, modes):
                 for u in m.units:
                     if u.hot_rows is not None and u.hot_rows.numel():
                         u.weights[u.hot_rows, 0] += 0.5 if u.feature == "f0" else 0.001 * step
-        record = ctl.after_step(step)
+        record = dict(ctl.on_step_end(step)).get("slipstream")
         if record is not None and "quality" in record:
             q = record["quality"]
             decisions.append((q["step"], q["better"], q["target_after"], q["n_c"], q["n_o"], q["target_before"]))

@@ -236,18 +236,23 @@ def test_negative_downsampling_beside_staleness() -> None:
 
 
 def test_negative_downsampling_is_calibrated_beside_any_policy() -> None:
+    from types import SimpleNamespace
+
     from torch import nn
 
     from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
     from slipstream_rec.slipstream.controller import SlipstreamController
+    from slipstream_rec.training.downsampling import NegativeDownsampler
+    from slipstream_rec.training.trainer import Trainer
 
-    def offset(**kw) -> float:
-        cfg = SlipstreamConfig(**kw)
-        return SlipstreamController(cfg, nn.Linear(1, 1), ["a"], [10], 4, seed=0, rank=0).eval_logit_offset()
+    def offset(rate, **kw) -> float:  # what the trainer's evaluation adds, both parts
+        ctl = SlipstreamController(SlipstreamConfig(**kw), nn.Linear(1, 1), ["a"], [10], 4, seed=0, rank=0)
+        parts = SimpleNamespace(downsampling=NegativeDownsampler(rate, seed=0), slipstream=ctl)
+        return Trainer.eval_logit_offset(parts)  # type: ignore[arg-type]
 
-    assert offset(policy=Policy.off, negative_downsampling=0.5) == pytest.approx(math.log(0.5))
+    assert offset(0.5, policy=Policy.off) == pytest.approx(math.log(0.5))
     # downsampled, then the control's uniform non-click skipping on what remains: both undone
-    assert offset(
-        policy=Policy.random, random_skip_fraction=0.6, negatives_only=True, negative_downsampling=0.5
-    ) == pytest.approx(math.log(0.5) + math.log(0.4))
-    assert offset(policy=Policy.off, negative_downsampling="auto") == 0.0  # nothing decided yet
+    assert offset(0.5, policy=Policy.random, random_skip_fraction=0.6, negatives_only=True) == pytest.approx(
+        math.log(0.5) + math.log(0.4)
+    )
+    assert offset("auto", policy=Policy.off) == 0.0  # nothing decided yet

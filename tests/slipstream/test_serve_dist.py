@@ -261,14 +261,14 @@ def reactivation_worker(env, precision: str = "fp32"):
         batch = next(stream)
         loss, _ = dmp(batch)
         loss.backward()
-        ctl.after_backward(dmp.module)
-        return ctl.after_step(n), batch
+        ctl.on_backward(dmp.module)
+        return dict(ctl.on_step_end(n)).get("slipstream"), batch
 
     for n in (1, 2, 3):
         step(n)
     assert ctl.server.replica.rows == 0  # one snapshot: no change measured, nothing stale yet
     record, _ = step(4)
-    stale = ctl.row_state.stale_keys(ctl.threshold)
+    stale = ctl.row_state.stale_keys(ctl.threshold.value)
     assert stale.numel() > 0 and torch.equal(ctl.server.replica.keys, stale)  # the replica is the stale set
     assert record["replica_rows"] == stale.numel()
     # every rank holds the same values, and they are the rows of this rank's shards

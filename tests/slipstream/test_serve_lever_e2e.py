@@ -20,7 +20,7 @@ from tests.test_train import BIN, _run
 WINDOW = 20
 RECHECK = {"costly": 4, "tolerated": 2}  # costly: its second decision (step 220) clear of the epoch end (200)
 LEVER = ["slipstream=serve", "slipstream.serve_when=auto", f"slipstream.serve_window_steps={WINDOW}",
-         "slipstream.negative_downsampling=0"]  # fmt: skip
+         "downsampling=off"]  # fmt: skip
 
 
 def _records(run_dir, kind):

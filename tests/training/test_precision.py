@@ -8,7 +8,7 @@ from torch import nn
 
 from slipstream_rec.data.types import Batch, make_kjt
 from slipstream_rec.training.config import PipelineKind, Precision, TrainerConfig
-from slipstream_rec.training.trainer import make_pipeline
+from slipstream_rec.training.pipeline import make_pipeline
 
 
 def _batch(n: int) -> Batch:

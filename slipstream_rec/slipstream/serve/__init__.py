@@ -4,9 +4,10 @@
 - ``replica.py``: the stale hot rows on every rank, kept fresh by syncs that send what moved;
 - ``push.py``: the served lookups' row gradients, summed and pushed to the rows' owners;
 - ``lever.py``: whether serving pays in this run, from timed windows (``serve_when=auto``);
-- ``server.py``: the replica, the split and the pushes of one rank, as the controller drives them.
+- ``server.py``: the replica, the split and the pushes of one rank, as the controller drives them
+  (``NoServe``: the same calls where nothing is served).
 """
 
-from slipstream_rec.slipstream.serve.server import WIRE_DTYPES, StaleServer
+from slipstream_rec.slipstream.serve.server import WIRE_DTYPES, NoServe, StaleServer
 
-__all__ = ["StaleServer", "WIRE_DTYPES"]
+__all__ = ["NoServe", "StaleServer", "WIRE_DTYPES"]

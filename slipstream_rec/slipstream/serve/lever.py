@@ -38,11 +38,25 @@ the controller measures, agrees and applies it (``controller.py``).
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-__all__ = ["LeverState", "ServeLever", "SETTLE_STEPS", "window_steps"]
+import torch
+import torch.distributed as dist
+
+from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.slipstream import stats
+from slipstream_rec.slipstream.config import ServeWhen, SlipstreamConfig
+
+if TYPE_CHECKING:  # the controller imports this module
+    from slipstream_rec.slipstream.controller import SlipstreamController
+
+__all__ = ["LeverState", "ServeLever", "SETTLE_STEPS", "WindowClock", "lever_window_step", "window_steps"]
+
+logger = logging.getLogger(__name__)
 
 # Steps after a window boundary before its timing starts: TorchRec's TrainPipelineSparseDist
 # holds two batches ahead, split under the state before the boundary.
@@ -101,6 +115,21 @@ class ServeLever:
     @property
     def tracks(self) -> bool:
         return not self.auto or self.state.tracks
+
+    @classmethod
+    def from_config(cls, cfg: SlipstreamConfig) -> "ServeLever":
+        """``serve_when=auto`` under serve; serving always (never timed) otherwise."""
+        return cls(
+            auto=cfg.serves and cfg.serve_when is ServeWhen.auto, min_gain=cfg.serve_min_gain,
+            recheck_windows=cfg.serve_recheck_windows,
+            window=window_steps(cfg.serve_window_steps, cfg.snapshot_interval),
+        )  # fmt: skip
+
+    def pushes(self, step: int) -> bool:
+        """Whether a sync step pushes the served gradients: while tracking, and stood down only in
+        the first window after, which trains the last batches split while serving (the
+        pipeline's and the lock-step's batches ahead); nothing is served after them."""
+        return self.tracks or step <= self.entered + self.window
 
     @property
     def timed(self) -> bool:
@@ -208,3 +237,73 @@ class ServeLever:
         self.on_s, self.off_s, self.since = state["on_s"], state["off_s"], int(state["since"])
         self.entered, self.span = int(state["entered"]), int(state["span"])
         self.decisions = list(state["decisions"])
+
+
+class WindowClock:
+    """Times the lever's windows on the trainer's clock (training seconds, the device's queue
+    drained; set by the trainer before the first step): a mark where a window's timed part
+    starts, and at its end the slowest rank's seconds per step (collective)."""
+
+    def __init__(self) -> None:
+        self.clock: Optional[Callable[[], float]] = None
+        self._mark: Optional[Tuple[int, float, float]] = None  # (step, clock, tracking seconds)
+
+    def mark(self, step: int, tracking_seconds: float) -> None:
+        assert self.clock is not None, "serve_when=auto needs the trainer's clock"
+        self._mark = (step, self.clock(), tracking_seconds)
+
+    def measure(
+        self, step: int, serving: bool, tracking_seconds: float, on_agree: Callable[[int], None]
+    ) -> Optional[float]:
+        """Seconds per step since the mark, the slowest rank's; not serving, less the tracking
+        work done meanwhile (the step Slipstream would leave). None where this run has no mark
+        (resumed inside the window). Collective: all ranks enter one MAX all-reduce."""
+        per_step = -1.0
+        if self._mark is not None:
+            s0, c0, k0 = self._mark
+            assert self.clock is not None, "serve_when=auto needs the trainer's clock"
+            elapsed = self.clock() - c0
+            if not serving:
+                elapsed -= tracking_seconds - k0
+            per_step = elapsed / max(1, step - s0)
+        t = all_reduce_(torch.tensor([per_step], dtype=torch.float64), dist.ReduceOp.MAX)  # all ranks
+        on_agree(t.numel() * t.element_size())
+        agreed = float(t.item())
+        return agreed if agreed >= 0 else None
+
+    def reset(self) -> None:
+        self._mark = None
+
+
+def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
+    """After every step (all ranks): time the lever's window; at its end let the lever decide and
+    apply its state. Collective where a timed window ends (one MAX all-reduce) and where the
+    state changes (the replica rebuilt or emptied, a re-basing snapshot). Standing down empties
+    the replica and stops counting and snapshots; looking again resumes them with a snapshot
+    that re-bases the hot rows' changes; serving again rebuilds the replica to the stale set."""
+    lever, sched = ctl.lever, ctl.schedule
+    if sched.window_mark(step) and lever.timed:
+        ctl.window_clock.mark(step, stats.tracking_seconds(ctl))
+    if not sched.window_end(step):
+        return
+    t0 = time.perf_counter()
+    measured = None
+    if lever.timed:
+        measured = ctl.window_clock.measure(step, lever.serves, stats.tracking_seconds(ctl), ctl.count_control)
+    ctl.window_clock.reset()
+    before = lever.state
+    after = lever.window_end(step, measured, ready=ctl.server.rows > 0)
+    if after is not None:  # all ranks take the same transition at the same step
+        ctl.plan.paused = not after.serves
+        if after is LeverState.down:
+            ctl.server.rebuild(torch.zeros(0, dtype=torch.int64))  # the replica emptied
+        elif before is LeverState.down:
+            # Looking again: the snapshots stopped while stood down, so this one re-bases the hot
+            # rows' changes and the next measures them over one interval.
+            ctl.tracker.snapshot()
+        elif after.serves and not before.serves:
+            ctl.server.rebuild(ctl.threshold.stale_now(step))  # the rows that moved meanwhile
+        ctl.tracker.set_counting(lever.tracks and sched.counts(step + 1))
+        if ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
+            logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])
+    ctl.seconds["lever"] += time.perf_counter() - t0

@@ -20,14 +20,14 @@ import torch
 import torch.distributed as dist
 
 from slipstream_rec.distributed import all_reduce_
-from slipstream_rec.slipstream.config import SyncPrecision
+from slipstream_rec.slipstream.config import SlipstreamConfig, SyncPrecision
 from slipstream_rec.slipstream.serve.push import ServedGradients
 from slipstream_rec.slipstream.serve.replica import StaleReplica
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.serve.split import ServePlan
 from slipstream_rec.slipstream.tracker import StalenessTracker
 
-__all__ = ["StaleServer", "WIRE_DTYPES"]
+__all__ = ["NoServe", "StaleServer", "WIRE_DTYPES"]
 
 Counts = Tuple[torch.Tensor, torch.Tensor]  # (sorted flat keys, int64 counts)
 # slipstream.sync_precision: what the push and the replica sync send a row's values as
@@ -74,6 +74,11 @@ class StaleServer:
         self.sum_seconds = 0.0
         self._counts: List[Counts] = []  # served lookups of counted steps, merged lazily
 
+    @classmethod
+    def from_config(cls, cfg: SlipstreamConfig, tracker: StalenessTracker, index: RowIndex) -> "StaleServer":
+        """serve's server (slipstream.replica_sync_bound, slipstream.sync_precision). Collective."""
+        return cls(tracker, index, cfg.replica_sync_bound, cfg.sync_precision)
+
     # ---- after backward (collective on sync steps) --------------------------------------------
     def after_backward(self, task: Any, sync_step: bool) -> None:
         """Take the gradient the served samples' pooled embeddings received (``DLRMTask``) and add
@@ -109,12 +114,21 @@ class StaleServer:
         self._counts = [merged]
         return merged
 
-    # ---- after the snapshot (collective) ------------------------------------------------------
+    # ---- after the snapshot and the syncs (collective) ----------------------------------------
     def rebuild(self, stale_keys: torch.Tensor) -> None:
         """The replica becomes the rows ``stale_keys`` (identical on every rank), sending only the
         rows that joined and the rows that moved past ``slipstream.replica_sync_bound``.
         Collective."""
         self.replica.rebuild(self.tracker.units, stale_keys, self.tracker.feature_index, self.sync_bound)
+
+    def resync(self) -> None:
+        """The replica's rows brought up to date after a push moved them. Collective."""
+        self.rebuild(self.replica.keys)
+
+    @property
+    def rows(self) -> int:
+        """Rows in the replica (the same on every rank)."""
+        return self.replica.rows
 
     # ---- reporting and checkpointing (local) --------------------------------------------------
     def record(self) -> Dict[str, Any]:
@@ -137,6 +151,21 @@ class StaleServer:
     def nbytes(self) -> int:
         return self.replica.nbytes() + int(self.grads.keys.numel() * 8 + self.grads.grads.numel() * 4)
 
+    @property
+    def sync_bytes(self) -> int:
+        """Bytes this rank gave to the replica's syncs so far (the byte meter's ``replica``)."""
+        return int(self.replica.sync_bytes)
+
+    def summary(self) -> Dict[str, Any]:
+        """The replica and the pushes, for summary.json (this rank's)."""
+        return {
+            "rows": self.replica.rows,
+            "bytes_per_rank": self.replica.nbytes(),
+            "rebuilds": self.replica.rebuilds,
+            "pushes": self.grads.pushes,
+            "rows_pushed_per_rank": self.grads.rows_pushed,
+        }
+
     def state_dict(self) -> Dict[str, Any]:
         return {
             "plan": self.plan.state_dict(),
@@ -151,4 +180,44 @@ class StaleServer:
         self.grads.load_state_dict(state["grads"])
         self._counts = [state["counts"]] if state["counts"] is not None else []
         self.push_seconds = float(state["push_seconds"])
-        self.sum_seconds = float(state.get("sum_seconds", 0.0))  # absent from older checkpoints
+        self.sum_seconds = float(state["sum_seconds"])
+
+
+class NoServe:
+    """No serving: the split is the identity (every lookup through the shards), nothing is owed
+    and there is no replica to keep."""
+
+    push_seconds = 0.0
+    sum_seconds = 0.0
+    rows = 0
+    sync_bytes = 0
+
+    def __init__(self) -> None:
+        self.plan = ServePlan()
+
+    def after_backward(self, task: Any, sync_step: bool) -> None:
+        pass
+
+    def take_counts(self) -> None:
+        return None
+
+    def rebuild(self, stale_keys: torch.Tensor) -> None:
+        pass
+
+    def resync(self) -> None:
+        pass
+
+    def record(self) -> Dict[str, Any]:
+        return {}
+
+    def nbytes(self) -> int:
+        return 0
+
+    def summary(self) -> None:
+        return None
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]]) -> None:
+        pass

@@ -1,0 +1,48 @@
+"""The trainer's clock: training seconds, evaluations and checkpoints left out."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["TrainClock"]
+
+
+class TrainClock:
+    """Wall time inside training epochs, less the evaluations and checkpoints run meanwhile
+    (``state``: the trainer's ``TrainState``, whose ``train_seconds`` it keeps)."""
+
+    def __init__(self, state: Any, device: torch.device) -> None:
+        self.state = state
+        self.device = device
+        self._epoch_start: Optional[float] = None  # perf_counter at the start of the running epoch
+        self._paused_before = 0.0  # eval + checkpoint seconds at that moment
+
+    def start_epoch(self) -> None:
+        self._epoch_start = time.perf_counter()
+        self._paused_before = self.state.eval_seconds + self.state.checkpoint_seconds
+
+    def end_epoch(self) -> None:
+        """The epoch's training time into ``train_seconds``, the device's queued kernels counted
+        too (one host wait on a GPU, at the end of an epoch)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.state.train_seconds = self.live()
+        self._epoch_start = None
+
+    def live(self) -> float:
+        """Training seconds so far, including the running epoch (evaluations excluded)."""
+        st = self.state
+        if self._epoch_start is None:
+            return st.train_seconds
+        paused = st.eval_seconds + st.checkpoint_seconds - self._paused_before
+        return st.train_seconds + time.perf_counter() - self._epoch_start - paused
+
+    def drained(self) -> float:
+        """Training seconds so far with the device's queued work finished: the clock of the serve
+        lever's windows (a host wait on a GPU, twice per window; never inside a plain step)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.live()
