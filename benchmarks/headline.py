@@ -9,7 +9,7 @@ noise hits all alike:
 * ``off``: this trainer with ``slipstream=off trainer.precision=fp32``: stock TorchRec training
   through our loop, the quality baseline;
 * ``defaults``: the main job as a user gets it (no override but the data and the seed):
-  ``slipstream=serve``, ``trainer.precision=auto``, ``negative_downsampling=auto``, with serving
+  ``slipstream=serve``, ``trainer.precision=auto``, ``downsampling=auto``, with serving
   and bf16 each kept only where the run measures them faster (``serve_when=auto``, the
   precision probe);
 * ``serve_always`` (asked for by ``--arms``): the defaults with ``slipstream.serve_when=always``,
@@ -50,7 +50,7 @@ from benchmarks.slipstream_policies import run_policy  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {
     "golden": None, "off": ["slipstream=off", "trainer.precision=fp32"], "defaults": [],
-    "serve_always": ["slipstream.serve_when=always"], "off_auto": ["slipstream=off", "slipstream.negative_downsampling=auto"],
+    "serve_always": ["slipstream.serve_when=always"], "off_auto": ["slipstream=off", "downsampling=auto"],
 }  # fmt: skip
 EXTRA = ["samples_per_second", "test_ctr", "test_predicted_ctr", "precision", "negative_downsampling", "served_fraction",
          "dataset", "serve_lever", "time_breakdown_rank0"]  # fmt: skip

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.slipstream_policies import run_policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = ["trainer.precision=fp32", "slipstream.negative_downsampling=0", "trainer.seed=0"]
+COMMON = ["trainer.precision=fp32", "downsampling=off", "trainer.seed=0"]
 
 
 def _records(run_dir: Path) -> List[Dict[str, Any]]:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from slipstream_rec.data import cli as data_cli
+from slipstream_rec import data_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 

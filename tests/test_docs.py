@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SEPARATORS = {";", "&", "&&", "|", "||", "(", ")"}
-COMMAND_WORDS = re.compile(r"slipstream-(train|data)\b|-m slipstream_rec\.(train|data\.cli)\b|components\.py:train")
+COMMAND_WORDS = re.compile(r"slipstream-(train|data)\b|-m slipstream_rec\.(train|data_cli)\b|components\.py:train")
 
 
 @dataclass
@@ -127,7 +127,7 @@ def _command_in(tokens: List[str]) -> Optional[Tuple[str, List[str]]]:
             return "train", tokens[i + 1 :]
         if name == "slipstream-data":
             return "data", tokens[i + 1 :]
-        if tok == "-m" and i + 1 < len(tokens) and tokens[i + 1] in ("slipstream_rec.train", "slipstream_rec.data.cli"):
+        if tok == "-m" and i + 1 < len(tokens) and tokens[i + 1] in ("slipstream_rec.train", "slipstream_rec.data_cli"):
             return ("train" if tokens[i + 1] == "slipstream_rec.train" else "data"), tokens[i + 2 :]
         if tok.endswith("launch/components.py:train"):
             rest = tokens[i + 1 :]
@@ -258,7 +258,7 @@ def test_documented_command_composes(cmd: Command, tmp_path, monkeypatch):
         assert args.cfg in (None, "job", "all"), cmd
         load_config(args.overrides)
     else:
-        from slipstream_rec.data.cli import build_config, parse_args
+        from slipstream_rec.data_cli import build_config, parse_args
         from slipstream_rec.data.datasets import normalize_data_config
 
         normalize_data_config(build_config(parse_args(cmd.argv)))
@@ -268,7 +268,7 @@ def test_documented_command_composes(cmd: Command, tmp_path, monkeypatch):
 def test_documented_error_is_printed_exactly(where, program, argv, expected, tmp_path, monkeypatch, capsys):
     import slipstream_rec.distributed as distributed
     from slipstream_rec import train
-    from slipstream_rec.data import cli as data_cli
+    from slipstream_rec import data_cli
 
     def tripwire(*args, **kwargs):
         raise AssertionError(f"{where}: the documented failure got as far as starting a process group")

@@ -3,7 +3,7 @@ stderr and exit code 2, names the key or file and the fix, shows no traceback, a
 before any process group starts and before the run directory exists.
 
 Most cases call the entry points in-process (``slipstream_rec.train.main``,
-``slipstream_rec.data.cli.main``) with ``init_distributed`` replaced by a tripwire, so "before any
+``slipstream_rec.data_cli.main``) with ``init_distributed`` replaced by a tripwire, so "before any
 process group" is checked directly; two cases run the installed commands as a user would.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import slipstream_rec.distributed as distributed
 from slipstream_rec import train
 from slipstream_rec.config import ConfigError
-from slipstream_rec.data import cli as data_cli
+from slipstream_rec import data_cli
 
 from tests.data._clicks import make_clicks, write_csv
 

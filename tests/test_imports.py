@@ -16,6 +16,22 @@ PACKAGE = Path(__file__).resolve().parents[1] / "slipstream_rec"
 # data/ is the ground floor for these: none of them may be imported from data/.
 ABOVE_DATA = ("training", "slipstream", "model", "sharding")
 MAX_DATA_LINES = 500
+# The package's floors, bottom up: a module imports only from its own floor's package or from
+# the floors below it, transitively (what a module imports, and so on, stays below it). Each
+# top-level module or package of slipstream_rec/ is on exactly one floor.
+LAYERS = [
+    ("validation", "interrupt", "cli_errors", "metrics", "distributed", "run_lock", "timing", "config_keys"),
+    ("data", "checkpoint", "optim"),
+    ("model", "sharding"),
+    ("slipstream",),
+    ("training",),
+    ("config",),
+    ("preflight", "resume_rules", "job", "launcher", "train", "data_cli", "report", "self_check"),
+]  # fmt: skip
+# The one floor whose packages may import each other: the entry points and the report.
+TOP = LAYERS[-1]
+# The method's own package holds nothing longer than this (issue 28).
+MAX_SLIPSTREAM_LINES = 400
 
 
 def _modules() -> Dict[str, Tuple[Path, bool]]:
@@ -120,10 +136,71 @@ def test_no_import_circle_in_the_package() -> None:
     assert _circles(edges) == []
 
 
+def _floor(module: str) -> int:
+    top = module.split(".")[1] if "." in module else module
+    return next(i for i, floor in enumerate(LAYERS) if top in floor)
+
+
+def _reachable(edges: Dict[str, Set[str]], start: str) -> Set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for target in edges[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_every_module_is_on_a_floor() -> None:
+    edges, _ = _imports()
+    named = [m for floor in LAYERS for m in floor]
+    assert len(named) == len(set(named)), "a package on two floors"
+    tops = {m.split(".")[1] for m in edges if m.count(".") >= 1}
+    assert sorted(tops - set(named)) == []
+
+
+def test_no_import_reaches_a_floor_above_transitively() -> None:
+    """What each module loads, with what those load in turn, stays on its floor or below; on
+    a floor below the top, within its own package."""
+    edges, _ = _imports()
+    up = []
+    for module in (m for m in edges if "." in m):  # the root package's __init__ imports nothing
+        own = module.split(".")[1]
+        for target in _reachable(edges, module):
+            other = target.split(".")[1]
+            if _floor(target) > _floor(module) or (
+                _floor(target) == _floor(module) and other != own and own not in TOP
+            ):
+                up.append((module, target))
+    assert sorted(up) == []
+
+
+def test_the_floor_rule_finds_an_upward_import() -> None:
+    """The rule itself, on a hand-made graph: data -> config -> training reaches two floors up."""
+    edges = {"slipstream_rec.data.x": {"slipstream_rec.config"}, "slipstream_rec.config": {"slipstream_rec.training.x"},
+             "slipstream_rec.training.x": set()}  # fmt: skip
+    reached = _reachable(edges, "slipstream_rec.data.x")
+    assert reached == {"slipstream_rec.config", "slipstream_rec.training.x"}
+    assert all(_floor(t) > _floor("slipstream_rec.data.x") for t in reached)
+
+
+def test_no_private_name_is_imported_across_packages() -> None:
+    _, private = _imports()
+    assert [p for p in private if p[0].split(".")[1] != p[1].split(".")[1]] == []
+
+
+def test_the_method_s_package_has_small_modules() -> None:
+    long = sorted(
+        (str(f.relative_to(PACKAGE)), n) for f in (PACKAGE / "slipstream").rglob("*.py")
+        if (n := len(f.read_text().splitlines())) > MAX_SLIPSTREAM_LINES
+    )  # fmt: skip
+    assert long == []
+
+
 def test_data_imports_nothing_from_the_layers_above() -> None:
     edges, _ = _imports()
     up = sorted(
-        (m, t) for m, targets in edges.items() if m.startswith("slipstream_rec.data")
+        (m, t) for m, targets in edges.items() if m.startswith("slipstream_rec.data.")
         for t in targets if t.split(".")[1] in ABOVE_DATA
     )  # fmt: skip
     assert up == []
@@ -136,4 +213,4 @@ def test_data_modules_are_small_and_share_no_private_names() -> None:
     )  # fmt: skip
     assert long == []
     _, private = _imports()
-    assert [p for p in private if p[0].startswith("slipstream_rec.data")] == []
+    assert [p for p in private if p[0].startswith("slipstream_rec.data.")] == []

@@ -35,7 +35,9 @@ from slipstream_rec.distributed import DistEnv, all_gather_objects, all_reduce_,
 
 logger = logging.getLogger(__name__)
 
-LOCAL_STATE_FORMAT = 1
+# What a rank's file holds, by version: 2 has the Slipstream controller's state by component and
+# negative downsampling's beside it; a file of another version is refused in one line.
+LOCAL_STATE_FORMAT = 2
 
 
 def rank_file(path: Path, rank: int) -> Path:

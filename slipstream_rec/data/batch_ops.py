@@ -199,17 +199,7 @@ def _kjt_from_state(state: Dict[str, Any]) -> KeyedJaggedTensor:
 
 def batch_from_state(state: Dict[str, Any]) -> Batch:
     """Inverse of ``batch_to_state``."""
-    if "served_pooled" in state and state["served_pooled"] is not None:
-        raise ValueError(
-            "the checkpoint holds a batch split by the older per-sample serving; this version "
-            "serves per lookup and cannot resume it. Fix: start a new run directory"
-        )
-    served = state.get("served")
-    if served is not None and served.get("gather") is not None:
-        raise ValueError(
-            "the checkpoint holds a batch split with one size for all features; this version "
-            "sizes each feature on its own and cannot resume it. Fix: start a new run directory"
-        )
+    served = state["served"]
     return Batch(
         dense_features=state["dense"], sparse_features=_kjt_from_state(state), labels=state["labels"],
         weights=state["weights"], served=None if served is None else _served_from_state(served),

@@ -1,9 +1,12 @@
-"""The sharded EmbeddingBagCollection that tracks its own hot rows (Slipstream's per-shard half).
+"""The metered sharded EmbeddingBagCollection: its local shards, its byte meter, its rows updated.
 
 Each rank sees, after the input all-to-all, exactly the lookups that hit the table shards it
-holds. ``SlipstreamShardedEBC`` counts them there (on sampled steps), and later gathers and
-compares snapshots of its own hot rows. Everything here is local to the rank: the collectives
-that agree on the global hot set and stale set live in ``slipstream/tracker.py``.
+holds. ``SlipstreamShardedEBC`` exposes them as ``ShardUnit``s (one local shard of one table,
+tied to its position in the post-all-to-all KJT and to a view of its live weights), meters the
+bytes it gives to every embedding collective, measures the rows a step updates, and lays out
+serving's variable-batch outputs. Slipstream's tracker (``slipstream/tracker.py``) counts the
+shards' lookups through TorchRec's post-lookup hook and snapshots their hot rows; everything
+here is local to the rank.
 
 What a shard sees after the input all-to-all (TorchRec 1.8, measured):
 - table_wise / column_wise: global ids of the local tables' features, all ranks' samples;
@@ -15,7 +18,6 @@ In every case the id in the KJT is the row index into the local shard's weights.
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -284,12 +286,7 @@ class VariableBatchDpDist(DpPooledEmbeddingDist):
 
 
 class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
-    """TorchRec's sharded EBC plus local lookup counting, hot-row snapshots and a byte meter.
-
-    Counting happens in ``compute_and_output_dist``, the stage TorchRec's train pipelines call
-    after the input all-to-all, so it sees exactly what each shard looks up. It runs only while
-    ``counting`` is set (Slipstream's sampled counting steps) and the module is training, and is
-    otherwise a single attribute check.
+    """TorchRec's sharded EBC with its shard units, a byte meter and the rows updated per step.
 
     ``a2a_bytes`` counts, in training mode and for every policy, the bytes of the tensors this
     rank gives to each embedding collective (forward hooks, installed as TorchRec creates the
@@ -309,8 +306,6 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         # the split batches' variable-batch layout beside the plain one (use_variable_batch).
         self.variable_batch: bool = False
         self._variable_batch_seen = False  # a variable-batch KJT went through input_dist
-        self.counting: bool = False  # set by the tracker on sampled steps
-        self.count_seconds: float = 0.0  # time spent counting (Slipstream overhead)
         self._units: Optional[List[ShardUnit]] = None
         self.calls = 0  # training calls of compute_and_output_dist
         # rows the local shards looked up (and so update) per step, summed over measured steps;
@@ -407,8 +402,6 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         self, ctx: EmbeddingBagCollectionContext, input: KJTList
     ) -> LazyAwaitable[KeyedTensor]:
         if self.training:
-            if self.counting:
-                self.count_lookups(input)
             if self.calls % ROWS_UPDATED_EVERY == 0:
                 self._measure_rows_updated(input)
             self.calls += 1
@@ -453,17 +446,3 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
             pairs = torch.sort(feature * span + values.to(torch.int64)).values
             self._rows_sum = self._rows_sum + (pairs[1:] != pairs[:-1]).sum() + 1
         self._rows_measured += 1
-
-    @torch.no_grad()
-    def count_lookups(self, features: KJTList) -> None:
-        """Add this step's lookups to each local shard's sparse counts (a sort of the step's ids:
-        the cost follows the lookups, the memory the distinct rows looked up)."""
-        start = time.perf_counter()
-        by_group: Dict[int, List[torch.Tensor]] = {}
-        for unit in self.units:
-            if unit.group not in by_group:
-                kjt = features[unit.group]
-                # split the group's values per feature once (feature-major layout)
-                by_group[unit.group] = list(torch.split(kjt.values(), kjt.length_per_key()))
-            unit.add_counts(by_group[unit.group][unit.position])
-        self.count_seconds += time.perf_counter() - start

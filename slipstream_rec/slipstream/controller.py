@@ -196,11 +196,11 @@ class SlipstreamController:
             return None
         t0 = time.perf_counter()
         if sched.first_choice(step):
-            self.tracker.choose_first(step, self.budget, int(cfg.min_count), self.server.take_counts())
+            self.tracker.choose(step, self.budget, int(cfg.min_count), self.server.take_counts(), again=False)
         t1 = time.perf_counter()
         measured = self.tracker.snapshot()
         if sched.refresh(step):
-            self.tracker.choose_again(step, self.budget, int(cfg.min_count), self.server.take_counts())
+            self.tracker.choose(step, self.budget, int(cfg.min_count), self.server.take_counts(), again=True)
         t2 = time.perf_counter()
         # the quality check, then T: what the changes just measured make stale
         decision = self.threshold.after_snapshot(self.stream, self.quality, step) if measured else None

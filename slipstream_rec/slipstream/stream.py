@@ -256,17 +256,12 @@ class SkippingStream:
         self._upcoming = deque(batch_from_state(b) for b in state["upcoming"])
         self._carry = [batch_from_state(b) for b in state["carry"]]
         self._carry_rows = sum(b.batch_size for b in self._carry)
-        self._ready = deque(batch_from_state(b) for b in state.get("ready", []))
+        self._ready = deque(batch_from_state(b) for b in state["ready"])
         self._source_done = bool(state["source_done"])
         self._finished = bool(state["finished"])
         for k in self._COUNTERS:
-            setattr(self, k, int(state.get(k, 0)))
-        # an older checkpoint agreed one size for all features: kept as one, which only a run
-        # without serving reads (it ignores it); serving refuses it (ServePlan.split)
-        self.agreed_shard = [
-            [int(x) for x in sizes] if isinstance(sizes, list) else [int(sizes)]
-            for sizes in state.get("agreed_shard", [])
-        ]
+            setattr(self, k, int(state[k]))
+        self.agreed_shard = [[int(x) for x in sizes] for sizes in state["agreed_shard"]]
 
     def buffered_rows(self) -> int:
         """Rows pulled from the source but not yet emitted (look-ahead and carry)."""

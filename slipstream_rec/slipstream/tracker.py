@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from slipstream_rec.slipstream.config import SlipstreamConfig
+from slipstream_rec.slipstream.counting import LookupCounter
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.sharding.sharded import ShardUnit, SlipstreamShardedEBC, flush_caches
 from slipstream_rec.distributed import all_reduce_, gather_varlen
@@ -62,6 +63,7 @@ class StalenessTracker:
         self.row_state = row_state
         self.change_metric = change_metric
         self.units: List[ShardUnit] = [u for m in modules for u in m.units]
+        self.counter = LookupCounter(modules)  # the shards' lookups, on the sampled steps
         names = list(index.feature_names)
         self._feature_idx: Dict[str, int] = {name: i for i, name in enumerate(names)}
         unknown = sorted({u.feature for u in self.units} - set(names))
@@ -89,40 +91,34 @@ class StalenessTracker:
         """Feature name -> its position in the row index (the flat key layout)."""
         return self._feature_idx
 
-    # ---- counting -------------------------------------------------------------------------
-    def set_counting(self, on: bool) -> None:
-        for module in self.modules:
-            module.counting = on
+    # ---- counting (local: counting.py) ----------------------------------------------------
+    @property
+    def counting(self) -> bool:
+        return self.counter.counting
 
     @property
     def count_seconds(self) -> float:
-        """Host seconds this rank spent counting lookups."""
-        return sum(m.count_seconds for m in self.modules)
+        return self.counter.seconds
+
+    def set_counting(self, on: bool) -> None:
+        self.counter.counting = on
 
     # ---- the hot set (collective) -----------------------------------------------------------
-    def choose_first(self, step: int, budget_bytes: int, min_count: int, extra: Optional[Counts]) -> None:
-        """The hot set chosen for the first time, from the lookups counted so far (``select_hot``),
-        recorded in ``selection``. Collective."""
-        sel = self.select_hot(budget_bytes, min_count, extra)
+    def choose(self, step: int, budget_bytes: int, min_count: int, extra: Optional[Counts], again: bool) -> None:
+        """The hot set chosen (``select_hot``), or chosen again right after a snapshot from the
+        lookups counted since the last choice (``reselect_hot``); recorded in ``selection`` (and
+        ``turnover``). Collective."""
+        if again:
+            sel, joined, left = self.reselect_hot(budget_bytes, min_count, extra)
+            self.turnover.append({"step": step, "hot_rows": sel.hot_rows, "joined": joined, "left": left})
+            what = f"hot set chosen again at step {step}: {sel.hot_rows} rows ({joined} joined, {left} left)"
+        else:
+            sel = self.select_hot(budget_bytes, min_count, extra)
+            what = (f"{sel.hot_rows} hot rows ({sel.hot_bytes / 2**20:.1f} MiB of {sel.budget_bytes / 2**20:.1f} "
+                    f"MiB budget, min count {sel.min_count_used}) at step {step}")  # fmt: skip
         self.selection = sel.__dict__
         if _is_rank0():
-            logger.info(
-                "slipstream: %d hot rows (%.1f MiB of %.1f MiB budget, min count %d) at step %d",
-                sel.hot_rows, sel.hot_bytes / 2**20, sel.budget_bytes / 2**20, sel.min_count_used, step,
-            )  # fmt: skip
-
-    def choose_again(self, step: int, budget_bytes: int, min_count: int, extra: Optional[Counts]) -> None:
-        """The hot set chosen again from the lookups counted since the last choice
-        (``reselect_hot``), right after a snapshot; recorded in ``selection`` and ``turnover``.
-        Collective."""
-        sel, joined, left = self.reselect_hot(budget_bytes, min_count, extra)
-        self.selection = sel.__dict__
-        self.turnover.append({"step": step, "hot_rows": sel.hot_rows, "joined": joined, "left": left})
-        if _is_rank0():
-            logger.info(
-                "slipstream: hot set chosen again at step %d: %d rows (%d joined, %d left)",
-                step, sel.hot_rows, joined, left,
-            )  # fmt: skip
+            logger.info("slipstream: %s", what)
 
     def _global_keys(self, unit: ShardUnit, local_rows: torch.Tensor) -> torch.Tensor:
         rows = local_rows.to(torch.int64).cpu() + unit.row_offset
@@ -200,7 +196,7 @@ class StalenessTracker:
         chosen = order[:fits]
         self.hot_keys = torch.sort(unique[chosen]).values
         for unit in self.units:
-            unit.hot_rows = self._local_rows(unit, self.hot_keys).to(unit.weights.device)
+            unit.hot_rows = self.local_rows(unit, self.hot_keys).to(unit.weights.device)
             unit.snapshot = None
             unit.clear_counts()  # this window's counting is over; free the memory
         self.row_state.reset()
@@ -239,7 +235,7 @@ class StalenessTracker:
         """Flat key of the unit's first local row."""
         return self.index.offset_list[self._feature_idx[unit.feature]] + unit.row_offset
 
-    def _local_rows(self, unit: ShardUnit, sorted_keys: torch.Tensor) -> torch.Tensor:
+    def local_rows(self, unit: ShardUnit, sorted_keys: torch.Tensor) -> torch.Tensor:
         """The unit's local rows among ``sorted_keys`` (flat keys, ascending), ascending."""
         first = self._first_key(unit)
         lo, hi = torch.searchsorted(sorted_keys, torch.tensor([first, first + unit.rows])).tolist()
@@ -306,69 +302,6 @@ class StalenessTracker:
         self.row_state.replace(unique, change.clamp_min(0.0))  # unique: sorted keys
         return True
 
-    # ---- checkpointing (local, no collective) -------------------------------------------------
-    def layout(self) -> List[Tuple[Any, ...]]:
-        """This rank's shards as plain tuples: equal layouts mean the local state carries over."""
-        return [
-            (u.table, u.feature, u.sharding_type, u.row_offset, u.col_offset, u.rows, u.cols)
-            for u in self.units
-        ]
-
-    def state_dict(self) -> Dict[str, Any]:
-        """Global hot set plus this rank's per-shard counts, hot rows and snapshots (on CPU)."""
-
-        def cpu(t: Any) -> Any:
-            return None if t is None else t.detach().cpu().clone()
-
-        return {
-            "layout": self.layout(),
-            "snapshots_taken": self.snapshots_taken,
-            "hot_keys": self.hot_keys.clone(),
-            "selection": self.selection,
-            "turnover": list(self.turnover),
-            "units": [
-                {
-                    "counted_rows": cpu(u.counted_rows),
-                    "counted": cpu(u.counted),
-                    "hot_rows": cpu(u.hot_rows),
-                    "snapshot": cpu(u.snapshot),
-                }
-                for u in self.units
-            ],
-        }
-
-    def load_state_dict(self, state: Dict[str, Any]) -> bool:
-        """Restore; returns whether the per-shard state was restored exactly.
-
-        With the same shard layout everything is restored. With another one (a different world
-        size or sharding plan) only the global hot set carries over: each shard re-derives its
-        hot rows from it and takes its next snapshot as a fresh baseline, so the stale set stays
-        as saved until the snapshot after that; counts of an unfinished counting phase restart.
-        """
-        self.snapshots_taken = int(state["snapshots_taken"])
-        self.hot_keys = state["hot_keys"].clone()
-        self.selection, self.turnover = state["selection"], list(state["turnover"])
-        same = [tuple(x) for x in state["layout"]] == self.layout()
-        hot = self.hot_keys
-        for i, unit in enumerate(self.units):
-            dev = unit.weights.device
-            if same:
-                saved = state["units"][i]
-                unit.clear_counts()
-                if saved.get("counted_rows") is not None:
-                    unit.counted_rows = saved["counted_rows"].to(dev)
-                    unit.counted = saved["counted"].to(dev)
-                unit.hot_rows = None if saved["hot_rows"] is None else saved["hot_rows"].to(dev)
-                unit.snapshot = None if saved["snapshot"] is None else saved["snapshot"].to(dev)
-                continue
-            unit.clear_counts()
-            unit.snapshot = None
-            if not hot.numel():
-                unit.hot_rows = None
-                continue
-            unit.hot_rows = self._local_rows(unit, hot).to(dev)
-        return same
-
     def hot_rows_per_table(self) -> Dict[str, int]:
         """Distinct hot rows per table (same on every rank)."""
         return self.rows_per_table(self.hot_keys)
@@ -396,6 +329,7 @@ class NoTracking:
     controller's schedule has no tracking step for it, so none of the collectives is called."""
 
     count_seconds = 0.0
+    counting = False
     peak_bytes = 0
 
     def __init__(self) -> None:
@@ -411,11 +345,6 @@ class NoTracking:
     def state_bytes(self) -> int:
         return 0
 
-    def state_dict(self) -> None:
-        return None
-
-    def load_state_dict(self, state: None) -> bool:
-        return True
 
 
 def _is_rank0() -> bool:

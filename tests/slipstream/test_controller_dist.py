@@ -55,12 +55,12 @@ def controller_worker(env, reactivate: bool, warmup_steps: int):
                     unit.weights[unit.hot_rows, 0] += delta
 
     log = []
-    assert modules[0].counting is False  # step 1 is not a counted step (every 2nd step)
+    assert ctl.tracker.counting is False  # step 1 is not a counted step (every 2nd step)
     step(1)
-    assert modules[0].counting is True  # step 2 is
+    assert ctl.tracker.counting is True  # step 2 is
     record = step(2)  # hot rows chosen + first snapshot
     assert record is not None and record["hot_rows"] > 0 and record["threshold"] is None
-    assert modules[0].counting is False
+    assert ctl.tracker.counting is False
     hot_before = record["hot_rows"]
     assert step(3) is None
     # Between snapshots 1 and 2: f0's hot rows move a lot, every other hot row barely.

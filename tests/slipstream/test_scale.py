@@ -15,7 +15,7 @@ import torch
 from slipstream_rec.data.types import Batch, make_kjt
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.slipstream.decide import SkipDecider
-from slipstream_rec.sharding.sharded import ShardUnit, SlipstreamShardedEBC
+from slipstream_rec.sharding.sharded import ShardUnit
 from slipstream_rec.slipstream.tracker import StalenessTracker
 
 COLS = 4  # float32 columns: 16 bytes a row
@@ -33,7 +33,7 @@ def _unit(feature: str, rows: int, counts: List[int], row_offset: int = 0) -> Sh
 
 
 def _tracker(units: List[ShardUnit], features: List[str], nums: List[int]) -> StalenessTracker:
-    module = SimpleNamespace(units=units, counting=False, count_seconds=0.0)
+    module = SimpleNamespace(units=units, register_post_lookup_tracker_fn=lambda fn: None)
     index = RowIndex(features, nums)
     return StalenessTracker([module], index, RowState(index.num_rows))  # type: ignore[list-item]
 
@@ -78,9 +78,9 @@ def test_counts_are_int64_past_float32_precision():
         table="t_a", feature="a", sharding_type="table_wise", group=0, position=0, row_offset=0,
         col_offset=0, rows=4, cols=COLS, replicated=False, weights=torch.zeros(4, COLS),
     )  # fmt: skip
-    owner = SimpleNamespace(units=[unit], count_seconds=0.0)
+    tracker = _tracker([unit], ["a"], [4])
     kjt = make_kjt(["a"], torch.zeros(n, 1, dtype=torch.int64))
-    SlipstreamShardedEBC.count_lookups(owner, [kjt])  # type: ignore[arg-type]
+    tracker.counter.count_lookups(tracker.modules[0], kjt)
     counts = unit.count_table()
     assert counts[0] == n and counts.dtype == torch.int64
 

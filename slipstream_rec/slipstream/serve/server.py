@@ -90,7 +90,7 @@ class StaleServer:
             rows = served[0]  # ServedRows, keyed on the host when the batch was split
             self.grads.add(rows, served[1].grad)
             self.sum_seconds += time.perf_counter() - t0
-            if self.tracker.modules[0].counting:
+            if self.tracker.counting:
                 self._counts.append((rows.keys, rows.counts))  # host tensors: no read back
         if sync_step:
             t0 = time.perf_counter()

@@ -137,12 +137,7 @@ class ServePlan:
         b = batch.batch_size
         kjt = batch.sparse_features
         num_keys = len(kjt.keys())
-        if len(sharded) != num_keys:
-            raise ValueError(
-                f"a batch split into {len(sharded)} sizes for {num_keys} features: the checkpoint "
-                "was written by a version that agreed one size for all features. Fix: start a new "
-                "run directory"
-            )
+        assert len(sharded) == num_keys, f"{len(sharded)} agreed sizes for {num_keys} features"
         lookups = int(kjt.values().numel())
         replicated = self._replicated(num_keys)
         communicating = int(num_keys - replicated.sum())

@@ -156,7 +156,7 @@ def test_schema_naming_a_missing_column_fails_before_writing(tmp_path):
 
 
 def test_slipstream_data_tabular_cli_with_a_schema_file(tmp_path):
-    from slipstream_rec.data.cli import main
+    from slipstream_rec.data_cli import main
 
     path = write_csv(tmp_path / "c.csv", make_clicks(600))
     schema_file = tmp_path / "schema.yaml"

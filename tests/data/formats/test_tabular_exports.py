@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slipstream_rec.data import cli as data_cli
+from slipstream_rec import data_cli
 from slipstream_rec.data.meta import load_meta
 
 from tests.data._clicks import make_clicks, write_csv

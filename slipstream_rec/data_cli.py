@@ -1,4 +1,5 @@
-"""``slipstream-data``: convert real click logs into the npy layout the trainer reads.
+"""``slipstream-data``: convert real click logs into the npy layout the trainer reads, or simulate
+the built-in click log (``slipstream-data clicklog``).
 
 Each subcommand composes the same ``data`` configuration as ``slipstream-train`` (a
 ``conf/data/`` option plus Hydra overrides), so the directory it writes is the one the trainer
@@ -46,7 +47,12 @@ EXAMPLES = {
   slipstream-data movielens-1m --source ~/ml-1m.zip
   slipstream-train data=movielens_1m
 """,
+    "clicklog": """\
+  slipstream-data clicklog                                 # the cached data=clicklog, its statistics
+  slipstream-data clicklog --out /tmp/log data.clicklog.rows_per_day=100000
+""",
 }
+CLICKLOG_HELP = "simulate the built-in click log (data=clicklog) and print its statistics"
 
 SUBCOMMANDS = {
     "criteo": ("criteo", "criteo_kaggle", "raw Criteo TSV (Kaggle train.txt or Terabyte days; plain or .gz)"),
@@ -62,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=OVERRIDES_HELP + "\nexamples:\n" + "".join(EXAMPLES.values()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="{criteo,tabular,movielens-1m}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{criteo,tabular,movielens-1m,clicklog}")
     for name, (source, default, text) in SUBCOMMANDS.items():
         s = sub.add_parser(
             name, help=text, description=text, epilog=OVERRIDES_HELP + "\nexamples:\n" + EXAMPLES[name],
@@ -82,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
         if source == "movielens_1m":
             s.add_argument("--source", help="GroupLens ml-1m directory or ml-1m.zip (sets data.movielens.source)")
         s.add_argument("overrides", nargs="*", help="Hydra overrides of the data keys, e.g. data.bad_rows=skip")
+    s = sub.add_parser(
+        "clicklog", help=CLICKLOG_HELP, description=CLICKLOG_HELP + ": without --out the cached dataset "
+        "slipstream-train uses with the same overrides, with --out a fresh directory",
+        epilog="examples:\n" + EXAMPLES["clicklog"], formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    s.add_argument("--out", type=Path, help="generate into this new directory instead of the cache")
+    s.add_argument("--debug", action="store_true", help="show the traceback of an error (also HYDRA_FULL_ERROR=1)")
+    s.add_argument("overrides", nargs="*", help="e.g. data.clicklog.rows_per_day=100000")
     return p
 
 
@@ -191,7 +205,40 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from slipstream_rec.data.formats.movielens import DownloadError
 
-    return run_cli(f"slipstream-data {args.command}", lambda: _convert(args), args.debug, also=(DownloadError,))
+    run = _clicklog if args.command == "clicklog" else _convert
+    return run_cli(f"slipstream-data {args.command}", lambda: run(args), args.debug, also=(DownloadError,))
+
+
+def _clicklog(args: argparse.Namespace) -> int:
+    """Simulate the click log: the cached ``data=clicklog`` dataset (with ``data.clicklog.*``
+    overrides), or a fresh directory with --out; prints the path, rows, generation rows/s and
+    the statistics as one JSON line."""
+    import json
+    import time
+
+    from slipstream_rec.config import load_config
+    from slipstream_rec.data.datasets import ensure_dataset
+    from slipstream_rec.data.generated.clicklog.generate import generate_dataset
+    from slipstream_rec.data.meta import META_FILE
+
+    data = load_config(["data=clicklog", *args.overrides]).data
+    wall, cpu = time.perf_counter(), time.process_time()
+    if args.out:
+        path = Path(args.out)
+        path.mkdir(parents=True)
+        generate_dataset(data.clicklog, path)
+    else:
+        path = ensure_dataset(data)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    meta = json.loads((path / META_FILE).read_text())
+    rows = sum(meta["rows"].values())
+    print(json.dumps({
+        "path": str(path), "rows": meta["rows"], "seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
+        "rows_per_second": round(rows / wall), "ctr": meta["ctr"], "teacher_auc": meta["teacher_auc"],
+        "train_top_1pct_rows_lookup_share": meta["generator"]["train_top_1pct_rows_lookup_share"],
+        "tables": dict(zip(meta["sparse_feature_names"], meta["num_embeddings_per_feature"])),
+    }))  # fmt: skip
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
