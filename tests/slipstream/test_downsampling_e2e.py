@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_train import _torchrun
+from tests._fixtures import _torchrun
 
 
 @pytest.fixture(scope="module")

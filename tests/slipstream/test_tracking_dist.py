@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests._fixtures import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
+from tests.slipstream._fixtures import _sharded
 
 KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
 
@@ -22,25 +23,6 @@ def _histograms(lo: int, hi: int):
     batch = _slice_batch(lo, hi)
     kjt = batch.sparse_features
     return {f: torch.bincount(kjt[f].values(), minlength=ROWS[i]) for i, f in enumerate(FEATURES)}
-
-
-def _sharded(kind: str):
-    from slipstream_rec.model.config import ModelConfig
-    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
-    from slipstream_rec.optim import EmbeddingOptimConfig, EmbeddingOptimizerKind, fuse_embedding_optimizer
-    from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
-    from slipstream_rec.sharding.plan import shard_model
-    from slipstream_rec.slipstream.sharded import SlipstreamShardedEBC
-
-    cfg = ModelConfig(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
-    cpu = torch.device("cpu")
-    model = build_model(cfg, 13, FEATURES, ROWS, cpu)
-    fuse_embedding_optimizer(model, EmbeddingOptimConfig(type=EmbeddingOptimizerKind.sgd, lr=0.1))
-    sharding = ShardingConfig(type=ShardingKind[kind], column_shard_dim=4)
-    dmp = shard_model(model, sharding, embedding_bag_configs(cfg, FEATURES, ROWS), cpu, LOCAL_BATCH)
-    modules = [m for m in dmp.modules() if isinstance(m, SlipstreamShardedEBC)]
-    assert len(modules) == 1
-    return dmp, modules
 
 
 def counts_worker(env, kind: str):
