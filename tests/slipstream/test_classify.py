@@ -18,6 +18,7 @@ from slipstream_rec.slipstream.classify import (
 )
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from tests.slipstream._util import bags, random_kjt
+from tests.slipstream.reference import dense_change, lookup_changes, stale_mask
 
 KEYS = [f"f{i}" for i in range(5)]
 NUMS = [11, 3, 20, 1, 8]
@@ -56,17 +57,17 @@ def test_against_naive_loop(max_len: int, empty_every: int, alpha: float) -> Non
         if max_len == 1:  # also the loader's layout: exactly one id per bag
             kjt = make_kjt(KEYS, torch.stack([torch.randint(0, n, (37,), generator=gen) for n in NUMS], 1))
         thr = [0.0, 0.5, 1.25, 2.5, math.inf][trial % 5]
-        stale = st.stale_mask(thr)
-        mx, frac, skip = _naive(kjt, idx, st.dense_change(), stale, alpha)
-        got_mx = per_sample_max_change(kjt, idx, st.dense_change())
+        change, stale = dense_change(st), stale_mask(st, thr)
+        mx, frac, skip = _naive(kjt, idx, change, stale, alpha)
+        # The RowState (sparse keys, per-table lookup view) gives every lookup the dense
+        # reference's change, and decides as the loop over the dense reference does.
+        assert torch.equal(st.lookup_changes(idx, kjt), lookup_changes(kjt, idx, change))
+        got_mx = per_sample_max_change(kjt, idx, st)
         assert got_mx.tolist() == mx
         got_frac = stale_fraction_per_sample(kjt, idx, stale)
         assert got_frac.dtype == torch.float32
         assert torch.allclose(got_frac, torch.tensor(frac, dtype=torch.float32))
         assert skippable(kjt, idx, stale, alpha).tolist() == skip
-        assert skippable_by_threshold(kjt, idx, st.dense_change(), thr, alpha).tolist() == skip
-        # The RowState itself (sparse keys, per-table lookup view) decides the same.
-        assert per_sample_max_change(kjt, idx, st).tolist() == mx
         assert skippable_by_threshold(kjt, idx, st, thr, alpha).tolist() == skip
         assert lookups_per_sample(kjt).tolist() == [sum(len(b) for b in s) for s in bags(kjt)]
 
@@ -77,7 +78,7 @@ def test_alpha_one_never_drops_a_sample_with_a_fresh_lookup() -> None:
     st = _state(gen, idx, hot_frac=0.95)
     kjt = random_kjt(gen, KEYS, NUMS, batch=500, max_len=4, empty_sample_every=7)
     for thr in [0.25, 1.0, 2.0, 100.0]:
-        stale = st.stale_mask(thr)
+        stale = stale_mask(st, thr)
         sk = skippable(kjt, idx, stale, 1.0)
         if thr == 100.0:
             assert sk.any() and not sk.all()
@@ -86,7 +87,7 @@ def test_alpha_one_never_drops_a_sample_with_a_fresh_lookup() -> None:
             if any(not bool(stale[k]) for k in keys) or not keys:
                 assert not bool(sk[s])
         # all stale <=> max change < T
-        assert torch.equal(sk, per_sample_max_change(kjt, idx, st.dense_change()) < thr)
+        assert torch.equal(sk, per_sample_max_change(kjt, idx, st) < thr)
 
 
 def test_empty_samples_never_skippable_even_at_infinite_threshold() -> None:
@@ -102,11 +103,11 @@ def test_empty_samples_never_skippable_even_at_infinite_threshold() -> None:
         keys=["a", "b"], values=torch.tensor([0]), lengths=torch.tensor([1, 0, 0, 0], dtype=torch.int32), stride=2
     )
     for alpha in [1.0, 0.5]:
-        assert skippable_by_threshold(kjt, idx, st.dense_change(), math.inf, alpha).tolist() == [True, True]
-        assert skippable_by_threshold(kjt_empty, idx, st.dense_change(), math.inf, alpha).tolist() == [True, False]
-        assert skippable(kjt_empty, idx, st.stale_mask(math.inf), alpha).tolist() == [True, False]
-    assert per_sample_max_change(kjt_empty, idx, st.dense_change()).tolist() == [0.0, math.inf]
-    assert skippable_by_threshold(kjt, idx, st.dense_change(), None).tolist() == [False, False]
+        assert skippable_by_threshold(kjt, idx, st, math.inf, alpha).tolist() == [True, True]
+        assert skippable_by_threshold(kjt_empty, idx, st, math.inf, alpha).tolist() == [True, False]
+        assert skippable(kjt_empty, idx, stale_mask(st, math.inf), alpha).tolist() == [True, False]
+    assert per_sample_max_change(kjt_empty, idx, st).tolist() == [0.0, math.inf]
+    assert skippable_by_threshold(kjt, idx, st, None).tolist() == [False, False]
 
 
 def test_alpha_validation() -> None:
@@ -135,7 +136,7 @@ def test_threshold_achieves_target_exactly() -> None:
         # The same decision a RowState makes with this threshold.
         st = RowState(15)
         st.set_changes(torch.arange(10), vals[:10])
-        assert int(st.stale_mask(t).sum()) == want_k
+        assert int(stale_mask(st, t).sum()) == want_k
 
 
 def test_threshold_ties_overshoot_not_undershoot() -> None:

@@ -94,6 +94,7 @@ def test_hot_rows_respect_the_global_budget():
 def staleness_worker(env, kind: str):
     from slipstream_rec.slipstream.rows import RowIndex, RowState
     from slipstream_rec.slipstream.tracker import StalenessTracker
+    from tests.slipstream.reference import dense_change, stale_mask
 
     dmp, modules = _sharded(kind)
     index = RowIndex(FEATURES, ROWS)
@@ -114,7 +115,7 @@ def staleness_worker(env, kind: str):
                 unit.weights[unit.hot_rows, 0] += delta_of_key(keys)
 
     def published():
-        return state.dense_change()
+        return dense_change(state)
 
     # odd keys move down: the change is the largest absolute move, whatever its sign
     move(lambda k: 0.001 * (k % 7).float() * (1 - 2 * (k % 2)).float())
@@ -125,14 +126,14 @@ def staleness_worker(env, kind: str):
     not_hot = torch.ones(index.num_rows, dtype=torch.bool)
     not_hot[hot] = False
     assert torch.isinf(first[not_hot]).all()
-    stale_before = state.stale_mask(0.0005)
+    stale_before = stale_mask(state, 0.0005)
     assert stale_before[hot].sum() == (hot % 7 == 0).sum()  # rows that did not move are stale
 
     # Re-activation: rows that were stale start moving a lot; the next snapshot un-stales them.
     move(lambda k: torch.where(k % 7 == 0, torch.full_like(k, 5, dtype=torch.float32), torch.zeros(k.shape)))
     assert tracker.snapshot() is True
     second = published()
-    stale_after = state.stale_mask(0.0005)
+    stale_after = stale_mask(state, 0.0005)
     reactivated = hot[hot % 7 == 0]
     assert not stale_after[reactivated].any()
     assert stale_after[hot[hot % 7 != 0]].all()  # and those that stopped moving became stale
