@@ -145,7 +145,7 @@ TABLES = [
         },
     ),
     QuotedTable(
-        doc="docs/slipstream.md",
+        doc="docs/results/policies.md",
         header="| dataset | policy | skip |",
         rows={
             **{(d, p): (f"slipstream_{d}.json", p) for d in ("clicklog", "movielens_1m")
@@ -215,10 +215,10 @@ def test_every_results_table_is_covered():
     unless it predates the results files (listed here, with why)."""
     covered = {(s.doc, _table(s).line) for s in TABLES}
     older = {  # measured before benchmarks/slipstream_policies.py wrote its results files
-        ("docs/slipstream.md", "Default configuration (the Quickstart's main job), 2 repeats:"),
-        ("docs/slipstream.md", "Larger skew (`data=synthetic_skewed`, Zipf 1.3, same size), 1 repeat:"),
-        ("docs/slipstream.md", "run of POLICY, at the skip fraction POLICY measured (same data, seed and samples trained):"),
-        ("docs/slipstream.md", "shift). 3 seeds, alternating:"),
+        ("docs/results/policies.md", "Default configuration (the Quickstart's main job), 2 repeats:"),
+        ("docs/results/policies.md", "Larger skew (`data=synthetic_skewed`, Zipf 1.3, same size), 1 repeat:"),
+        ("docs/results/policies.md", "run of POLICY, at the skip fraction POLICY measured (same data, seed and samples trained):"),
+        ("docs/results/policies.md", "shift). 3 seeds, alternating:"),
     }
     missing = []
     for doc in ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]:
@@ -238,7 +238,7 @@ def test_every_results_table_is_covered():
 # Each number is recomputed from the file's per-seed records (``runs``), not from its ``table``.
 
 SERVE_HEADER = "| data | seeds | served |"
-SERVE_DOCS = ["README.md", "docs/slipstream.md"]
+SERVE_DOCS = ["README.md", "docs/results/serve.md"]
 
 
 def _serve_rows(doc: str) -> List[List[str]]:
@@ -366,7 +366,7 @@ def test_the_external_logs_table_quotes_its_results_files():
 #
 # The wire over the training steps beside the program's count (docs/performance.md), the
 # step-time model's check and predictions (docs/scale.md), and the serve runs over a shaped link
-# (docs/slipstream.md).
+# (docs/results/serve.md; the unserved layout's run in docs/slipstream.md, beside the design it measures).
 
 
 def _job(cell: str) -> str:
@@ -443,7 +443,7 @@ def _job_rows(header: str, name: str, seconds: int, ratio: int, job_of=lambda ce
     serve-always and the defaults as ``_JOBS`` names them), its train seconds (column
     ``seconds``, then the speed against off's) and its embedding side on the wire against off's
     (column ``ratio``) checked; the rows, runs and off's row for the table's other columns."""
-    rows = _rows("docs/slipstream.md", header)
+    rows = _rows("docs/results/serve.md", header)
     doc = json.loads((RESULTS / name).read_text())
     by_job = {r["job"]: r for r in doc["table"]}
     runs = {r["job"]: r for r in doc["runs"]}
