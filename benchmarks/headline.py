@@ -43,11 +43,10 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._runner import ROOT, auc_difference, pair_by_seed, run_alternately, run_policy  # noqa: E402
 from benchmarks.baseline_throughput import run_golden as golden_loop  # noqa: E402
 from benchmarks.external_logs import ensure as ensure_external  # noqa: E402
-from benchmarks.slipstream_policies import run_policy  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 ARMS = {
     "golden": None, "off": ["slipstream=off", "trainer.precision=fp32"], "defaults": [],
     "serve_always": ["slipstream.serve_when=always"], "off_auto": ["slipstream=off", "downsampling=auto"],
@@ -101,11 +100,11 @@ def summarize(runs: Dict[str, List[Dict]], dataset: str) -> Dict[str, Dict]:
         }
         for base in ("golden", "off"):
             if base in runs and base != arm:
-                row[f"paired_test_auc_vs_{base}_per_seed"] = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, runs[base])]
+                row[f"paired_test_auc_vs_{base}_per_seed"] = pair_by_seed(mine, runs[base], auc_difference)
                 row[f"paired_test_auc_vs_{base}"] = statistics.mean(row[f"paired_test_auc_vs_{base}_per_seed"])
         for base in ("golden", "off"):
             if base in runs and arm != base:
-                row[f"speedup_vs_{base}_per_seed"] = [b["train_seconds"] / a["train_seconds"] for a, b in zip(mine, runs[base])]
+                row[f"speedup_vs_{base}_per_seed"] = pair_by_seed(mine, runs[base], lambda a, b: b["train_seconds"] / a["train_seconds"])
                 row[f"speedup_vs_{base}"] = statistics.mean(row[f"speedup_vs_{base}_per_seed"])
         table[arm] = row
     d = table.get("defaults")
@@ -153,18 +152,19 @@ def main() -> None:
         runs_root = ROOT / "benchmarks" / "results" / "runs" / f"{args.name}_{Path(dataset).name}"
         if runs_root.exists():  # an earlier invocation's runs: a run directory is never trained twice
             shutil.rmtree(runs_root)
-        runs: Dict[str, List[Dict]] = {arm: [] for arm in arms}
-        for r in range(args.seeds):
-            for arm in arms if r % 2 == 0 else list(reversed(arms)):
-                if arm == "golden":
-                    res = run_golden(data, r, args.nproc, args.batch_size)
-                else:
-                    extra = [*args.overrides, f"trainer.batch_size={args.batch_size}"]
-                    res = run_ours(ARMS[arm], dataset, r, args.nproc, runs_root / f"{arm}-s{r}", extra)
-                runs[arm].append(res)
-                print(f"{dataset} seed {r} {arm:>8}: train {res['train_seconds']:.1f} s, "
-                      f"{res['samples_per_second']:.0f} samples/s, test AUC {res['test_auc']:.4f}, "
-                      f"predicted/observed CTR {res['test_predicted_ctr'] / res['test_ctr']:.3f}", flush=True)
+
+        def one(arm: str, r: int) -> Dict:
+            if arm == "golden":
+                res = run_golden(data, r, args.nproc, args.batch_size)
+            else:
+                extra = [*args.overrides, f"trainer.batch_size={args.batch_size}"]
+                res = run_ours(ARMS[arm], dataset, r, args.nproc, runs_root / f"{arm}-s{r}", extra)
+            print(f"{dataset} seed {r} {arm:>8}: train {res['train_seconds']:.1f} s, "
+                  f"{res['samples_per_second']:.0f} samples/s, test AUC {res['test_auc']:.4f}, "
+                  f"predicted/observed CTR {res['test_predicted_ctr'] / res['test_ctr']:.3f}", flush=True)
+            return res
+
+        runs = run_alternately(arms, args.seeds, one)
         results[dataset] = {"data": str(data), "table": summarize(runs, dataset), "runs": runs}
     print(f"\n{args.seeds} seeds, {args.nproc} ranks")
     print("dataset | arm | train s | samples/s | speedup vs golden (per seed) | test AUC | paired vs off (per seed) | predicted/observed CTR")

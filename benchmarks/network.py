@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import netns  # noqa: E402
+from benchmarks._runner import ROOT, auc_difference, fmt_cell  # noqa: E402
 
 DEFAULT_BASE = "experiment=clicklog_quick trainer.progress_bar=false trainer.tensorboard=false trainer.checkpoint.enabled=false"
 OFF = "slipstream=off trainer.precision=fp32"
@@ -222,7 +222,7 @@ def summarize(runs: List[Dict[str, Any]], jobs: List[str], rates: List[str], pai
             if not mine:
                 continue
             ref = {r["seed"]: r for r in pick(pair_with, rate)}
-            paired = [m["test_auc"] - ref[m["seed"]]["test_auc"] for m in mine
+            paired = [auc_difference(m, ref[m["seed"]]) for m in mine  # paired by seed
                       if m["seed"] in ref and m["test_auc"] is not None and ref[m["seed"]]["test_auc"] is not None]
             prog = [m["program_bytes_per_sample"]["total"] for m in mine if m["program_bytes_per_sample"]]
             off = [m["program_off_rank_bytes_per_sample"] for m in mine if m.get("program_off_rank_bytes_per_sample")]
@@ -285,11 +285,6 @@ def figure(summary: Dict[str, Any], rates: List[str], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def fmt_cell(v: Optional[float], spec: str, width: int) -> str:
-    """A table cell: ``v`` in ``spec``, right-aligned to ``width``; blank for None."""
-    return f"{'' if v is None else format(v, spec):>{width}}"
 
 
 def print_table(summary: Dict[str, Any], pair_with: str) -> None:

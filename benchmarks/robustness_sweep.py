@@ -20,8 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slipstream_policies import COLLAPSE_AUC, ROOT, run_policy  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._runner import COLLAPSE_AUC, ROOT, auc_difference, run_policy  # noqa: E402
 
 
 def main() -> None:
@@ -49,7 +49,7 @@ def main() -> None:
         for f in fractions:
             choice = ["slipstream=random", f"slipstream.random_skip_fraction={f}", *random_only]
             res = run_policy(choice, args.nproc, [*common, *seed_o], runs_root / f"random{f}-s{seed}")
-            diff = res["test_auc"] - off["test_auc"]
+            diff = auc_difference(res, off)  # paired by seed
             flag = diff < -COLLAPSE_AUC
             results.append({"seed": seed, "fraction": f, "skip_fraction": res["skip_fraction"],
                             "first_skip_step": res["first_skip_step"], "test_auc": res["test_auc"],

@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.slipstream_policies import run_policy  # noqa: E402
+from benchmarks._runner import ROOT, auc_difference, pair_by_seed, run_alternately, run_policy  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 EXTRA = ["served_fraction", "slots_fraction", "a2a_bytes_per_sample", "samples_per_second", "replica", "rows_updated_per_step",
          "time_breakdown_rank0"]  # fmt: skip
 
@@ -55,12 +54,12 @@ def settings_from(args: argparse.Namespace) -> Dict[str, List[str]]:
 def paired(runs: Dict[str, List[Dict]], label: str) -> Dict:
     """Means over seeds and the differences to off on the same seed."""
     mine, off = runs[label], runs["off"]
-    d_auc = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, off)]
-    bytes_ratio = [a["a2a_bytes_per_sample"]["total"] / b["a2a_bytes_per_sample"]["total"] for a, b in zip(mine, off)]
-    speed = [a["samples_per_second"] / b["samples_per_second"] for a, b in zip(mine, off)]
+    d_auc = pair_by_seed(mine, off, auc_difference)
+    bytes_ratio = pair_by_seed(mine, off, lambda a, b: a["a2a_bytes_per_sample"]["total"] / b["a2a_bytes_per_sample"]["total"])
+    speed = pair_by_seed(mine, off, lambda a, b: a["samples_per_second"] / b["samples_per_second"])
     # embedding traffic: the all-to-alls plus what serving adds (pushes, replica syncs)
     emb = lambda x: sum(x["a2a_bytes_per_sample"].get(k, 0) for k in ("embedding", "push", "replica"))  # noqa: E731
-    emb_ratio = [emb(a) / emb(b) for a, b in zip(mine, off)]
+    emb_ratio = pair_by_seed(mine, off, lambda a, b: emb(a) / emb(b))
     out = {
         "seeds": len(mine),
         "served_fraction": statistics.mean(x["served_fraction"] for x in mine),
@@ -77,7 +76,7 @@ def paired(runs: Dict[str, List[Dict]], label: str) -> Dict:
         "paired_test_auc_std": statistics.stdev(d_auc) if len(d_auc) > 1 else 0.0,
         "test_auc": statistics.mean(x["test_auc"] for x in mine),
         "test_logloss": statistics.mean(x["test_logloss"] for x in mine),
-        "samples_trained_equal_off": all(a["samples_trained"] == b["samples_trained"] for a, b in zip(mine, off)),
+        "samples_trained_equal_off": all(pair_by_seed(mine, off, lambda a, b: a["samples_trained"] == b["samples_trained"])),
     }
     return out
 
@@ -96,15 +95,15 @@ def main() -> None:
     runs_root = ROOT / "benchmarks" / "results" / "runs" / f"serve_{args.name}"
     if runs_root.exists():  # an earlier invocation's runs: a run directory is never trained twice
         shutil.rmtree(runs_root)
-    runs: Dict[str, List[Dict]] = {label: [] for label in settings}
-    for r in range(args.seeds):
-        order = list(settings) if r % 2 == 0 else list(reversed(settings))
-        for label in order:
-            res = run(settings[label], args.nproc, [*args.overrides, f"trainer.seed={r}"], runs_root / f"{label}-s{r}")
-            runs[label].append(res)
-            print(f"seed {r} {label:>14}: served {res['served_fraction']:.3f} bytes/sample "
-                  f"{res['a2a_bytes_per_sample']['total']:.0f} samples/s {res['samples_per_second']:.0f} "
-                  f"test AUC {res['test_auc']:.4f}", flush=True)
+
+    def one(label: str, r: int) -> Dict:
+        res = run(settings[label], args.nproc, [*args.overrides, f"trainer.seed={r}"], runs_root / f"{label}-s{r}")
+        print(f"seed {r} {label:>14}: served {res['served_fraction']:.3f} bytes/sample "
+              f"{res['a2a_bytes_per_sample']['total']:.0f} samples/s {res['samples_per_second']:.0f} "
+              f"test AUC {res['test_auc']:.4f}", flush=True)
+        return res
+
+    runs = run_alternately(list(settings), args.seeds, one)
     table = {label: paired(runs, label) for label in settings}
     print(f"\n{args.name}: {args.seeds} seeds, {args.nproc} ranks, overrides {args.overrides}")
     print("setting | served | slots | bytes/sample (in/out/grad) | bytes vs off | embedding+push+replica vs off | "

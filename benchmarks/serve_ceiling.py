@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.slipstream_policies import run_policy  # noqa: E402
+from benchmarks._runner import ROOT, run_policy  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["trainer.precision=fp32", "downsampling=off", "trainer.seed=0"]
 
 

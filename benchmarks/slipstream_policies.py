@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import statistics
@@ -44,33 +43,10 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._runner import COLLAPSE_AUC, ROOT, alternating, run_policy  # noqa: E402
 from slipstream_rec.report.paired import as_dict, paired_results, text_table  # noqa: E402
 from slipstream_rec.report.runs import load_run  # noqa: E402
 from slipstream_rec.report.random_control import random_control_overrides  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-# A run that ends this far below its paired (same-seed) off run is flagged: a collapse, not noise
-# (paired differences spread by about 0.0005 on this project's data).
-COLLAPSE_AUC = 0.005
-BIN = Path(sys.executable).parent
-FIELDS = ["train_seconds", "samples_trained", "samples_seen", "samples_skipped", "skip_fraction", "val_auc",
-          "val_logloss", "test_auc", "test_logloss", "slipstream_overhead_seconds", "steps", "threshold",
-          "hot_rows", "stale_rows", "first_skip_step", "target_skip_fraction", "quality_decisions", "policy"]
-
-
-def run_policy(choice: List[str], nproc: int, overrides: List[str], run_dir: Path) -> Dict:
-    """One run; ``choice`` selects the policy (``slipstream=<name>`` and its own overrides)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    cmd = [
-        str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc), "-m", "slipstream_rec.train",
-        *choice, "trainer.eval_every_steps=0", "trainer.progress_bar=false",
-        "trainer.tensorboard=false", f"trainer.run_dir={run_dir}", *overrides,
-    ]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return {k: summary.get(k) for k in FIELDS}
 
 
 def write_report(run_dirs: List[Path], out: Path) -> None:
@@ -121,17 +97,15 @@ def main() -> None:
               flush=True)
         return res
 
-    for r in range(args.repeats):
-        order = policies if r % 2 == 0 else list(reversed(policies))
-        for pol in order:
-            res = measure(pol, [f"slipstream={pol}"], r)
-            if pol == control_of:  # the control right after its reference, at its skip fraction
-                try:
-                    choice = ["slipstream=random", *random_control_overrides(res)]
-                except ValueError as e:  # nothing skipped: the control at fraction 0 is off itself
-                    print(f"repeat {r} {control}: {e}; running slipstream=off in its place", flush=True)
-                    choice = ["slipstream=off"]
-                measure(control, choice, r)
+    for r, pol in alternating(policies, args.repeats):
+        res = measure(pol, [f"slipstream={pol}"], r)
+        if pol == control_of:  # the control right after its reference, at its skip fraction
+            try:
+                choice = ["slipstream=random", *random_control_overrides(res)]
+            except ValueError as e:  # nothing skipped: the control at fraction 0 is off itself
+                print(f"repeat {r} {control}: {e}; running slipstream=off in its place", flush=True)
+                choice = ["slipstream=off"]
+            measure(control, choice, r)
 
     def med(pol: str, key: str) -> float:
         return statistics.median(x[key] for x in runs[pol])

@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import netns  # noqa: E402
-from benchmarks.network import fmt_cell  # noqa: E402
+from benchmarks._runner import fmt_cell  # noqa: E402
 
 PHASES = ("input", "forward", "backward", "serve", "control")
 PHASE_OF = {"input": "input", "output": "forward", "gradient": "backward", "dense": "backward",

@@ -22,12 +22,10 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._runner import BIN, ROOT  # noqa: E402
 from slipstream_rec.training.sync_audit import CLASSES, steady_means  # noqa: E402
 
-BIN = Path(sys.executable).parent
 OUT = ROOT / "benchmarks" / "results" / "sync_audit.json"
 
 

@@ -28,7 +28,7 @@ def test_each_subcommand_help_shows_its_own_examples(command, capsys):
 def test_npy_directory_is_resolved_and_logged_once_on_local_rank_0(monkeypatch, caplog, tmp_path):
     import slipstream_rec.job as job_module
     from slipstream_rec.config import load_config
-    from tests.data.test_loader import write_dataset
+    from tests._fixtures import write_dataset
 
     path = write_dataset(tmp_path / "d", {"train": 64, "val": 16, "test": 16})
     job = load_config(["data.source=npy", f"data.path={path}"])

@@ -1,4 +1,4 @@
-"""Documented commands cannot rot: README.md and docs/*.md are checked against the code.
+"""Documented commands cannot rot: README.md and docs/**/*.md are checked against the code.
 
 What is checked:
 - every ``slipstream-train`` / ``slipstream-data`` command in a fenced code block (and in the
@@ -39,7 +39,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SEPARATORS = {";", "&", "&&", "|", "||", "(", ")"}
 COMMAND_WORDS = re.compile(r"slipstream-(train|data)\b|-m slipstream_rec\.(train|data_cli)\b|components\.py:train")
 

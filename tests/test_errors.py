@@ -266,7 +266,7 @@ def test_installed_commands_print_one_line_and_exit_2(tmp_path):
 
 def test_under_torchrun_every_rank_stops_before_the_process_group(tmp_path):
     """2 ranks: the batch check uses torchrun's world size, and no rank gets to the run dir."""
-    from tests.data.test_loader import write_dataset
+    from tests._fixtures import write_dataset
 
     path = write_dataset(tmp_path / "d", {"train": 300, "val": 40, "test": 40})
     r = _run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "slipstream_rec.train",

@@ -1,4 +1,5 @@
-"""The package's import structure: no circle, data/ below training/, small data/ modules.
+"""The package's import structure: no circle, data/ below training/, small data/ modules; and
+no test module imports another.
 
 The graph is read from the source with ``ast`` (every ``import`` / ``from ... import``, also
 those inside functions, which a circle hides behind), not by importing anything. Imports under
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
 PACKAGE = Path(__file__).resolve().parents[1] / "slipstream_rec"
+TESTS = Path(__file__).resolve().parent
 # data/ is the ground floor for these: none of them may be imported from data/.
 ABOVE_DATA = ("training", "slipstream", "model", "sharding")
 MAX_DATA_LINES = 500
@@ -214,3 +216,56 @@ def test_data_modules_are_small_and_share_no_private_names() -> None:
     assert long == []
     _, private = _imports()
     assert [p for p in private if p[0].startswith("slipstream_rec.data.")] == []
+
+
+def _imported_modules(tree: ast.AST) -> List[str]:
+    """Every module an ``import`` or ``from ... import`` in ``tree`` names, with each imported
+    name appended as a possible submodule; also those of any string constant that parses as
+    Python with an import in it (a script handed to a subprocess)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append(node.module)
+            out += [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+            try:
+                script = ast.parse(node.value)
+            except SyntaxError:
+                continue
+            out += _imported_modules(script)
+    return out
+
+
+def _test_modules_importing_test_modules(root: Path) -> List[Tuple[str, str]]:
+    """(test file, test module it imports) for every tests/**/test_*.py under ``root``."""
+    found = []
+    for f in sorted(root.rglob("test_*.py")):
+        for mod in _imported_modules(ast.parse(f.read_text())):
+            if mod.startswith("tests.") and mod.rsplit(".", 1)[-1].startswith("test_"):
+                found.append((str(f.relative_to(root.parent)), mod))
+    return found
+
+
+def test_the_test_import_finder_finds_imports_of_test_modules(tmp_path) -> None:
+    """The finder itself, on hand-made files: at module level, in a function, as a submodule,
+    and in a subprocess's script; an underscore module's import is fine."""
+    tests = tmp_path / "tests"
+    (tests / "sub").mkdir(parents=True)
+    (tests / "test_a.py").write_text("from tests.sub.test_b import X\nfrom tests._fixtures import Y\n")
+    (tests / "sub" / "test_b.py").write_text("def f():\n    from tests.sub import test_c\n")
+    (tests / "sub" / "test_c.py").write_text('SCRIPT = """\nimport tests.test_a\n"""\nimport tests.sub._util\n')
+    assert _test_modules_importing_test_modules(tests) == [
+        ("tests/sub/test_b.py", "tests.sub.test_c"),
+        ("tests/sub/test_c.py", "tests.test_a"),
+        ("tests/test_a.py", "tests.sub.test_b"),
+    ]
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in underscore modules (tests/_fixtures.py and the like): importing
+    a test module runs it and binds its tests to the importer's. This file's own hand-made
+    cases above are strings that import test modules, so it is left out."""
+    this = str(Path(__file__).resolve().relative_to(TESTS.parent))
+    assert [(f, mod) for f, mod in _test_modules_importing_test_modules(TESTS) if f != this] == []

@@ -40,7 +40,7 @@ def test_a_bad_key_is_one_line_before_any_rank_starts(tmp_path):
 
 
 def test_the_batch_check_uses_the_launched_world_size(tmp_path):
-    from tests.data.test_loader import write_dataset
+    from tests._fixtures import write_dataset
 
     path = write_dataset(tmp_path / "d", {"train": 300, "val": 40, "test": 40})
     r = _train(tmp_path, "--nproc", "2", "data.source=npy", f"data.path={path}", "trainer.batch_size=200")

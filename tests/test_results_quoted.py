@@ -1,16 +1,19 @@
-"""Every number the README and docs/ quote in a results table equals the results file's value.
+"""Every number the README and docs/ quote from a results file equals the file's value.
 
-A results table is named below (``TABLES``): the document, the table's first header cells, and
-for each row the results file (``benchmarks/results/*.json``, written by
-``benchmarks/slipstream_policies.py``) and the policy the row reports. Each column maps to a
-statistic computed here from the file's raw per-run records (``runs``), not from the summary
-the script derived (``median``), at the precision the table quotes (0.061 is compared with the
-value rounded to 3 decimals). The document must cite the file it quotes (by name or by the
-``slipstream_<name>.json`` pattern with the row's name in a command on the page).
+Each number is recomputed here from the file's raw per-run records (``runs``), not from the
+summary the script that wrote it derived, and compared at the precision the document quotes
+(0.061 with the value rounded to 3 decimals). One section per kind of results file:
 
-To point a table at new results: change its ``rows`` (label -> file, policy) or add a
-``QuotedTable``; a results-shaped table (a ``policy`` column and a ``skip`` column) that no
-entry covers fails ``test_every_results_table_is_covered``.
+- policies (``slipstream_*.json``, benchmarks/slipstream_policies.py): the tables ``TABLES``
+  names, each row's results file and policy, each column's statistic;
+- serving (``serve_*.json``, benchmarks/serve.py): every table whose header starts
+  ``| data | seeds | served |``, each row naming its file;
+- the headline (``headline_*.json``, benchmarks/headline.py): the README's and
+  docs/performance.md's tables;
+- the network (``network_*.json``, benchmarks/network.py; ``step_model_*.json``,
+  benchmarks/step_model.py): the wire, the step-time model and the serve runs over a shaped link.
+
+Markdown tables are read by tests/_markdown.py.
 """
 
 from __future__ import annotations
@@ -20,13 +23,50 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import pytest
+
+from tests._markdown import Table, table_rows, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 NUMBER = re.compile(r"[-+]?\d+\.\d+|[-+]?\d+")
+
+
+def _decimals(text: str) -> int:
+    return len(text.split(".")[1]) if "." in text else 0
+
+
+def _quoted(cell: str) -> List[Tuple[float, int]]:
+    """The numbers of a cell with their decimals ("-0.0013 +- 0.0003" -> two, 4 decimals)."""
+    return [(float(n), _decimals(n)) for n in NUMBER.findall(cell.replace(",", ""))]
+
+
+def _check(cell: str, values: List[float]) -> None:
+    """``cell`` quotes exactly ``values``, in order, each rounded to the decimals it is written with."""
+    found = NUMBER.findall(cell)
+    assert len(found) == len(values), (cell, values)
+    for text, value in zip(found, values):
+        assert float(text) == pytest.approx(round(value, _decimals(text)), abs=1e-12), (cell, text, value)
+
+
+def _rows(doc: str, header_start: str) -> List[List[str]]:
+    """The body rows of the first table of ``doc`` whose header starts with ``header_start``."""
+    rows = table_rows(doc, header_start)
+    assert rows, f"{doc}: no rows under {header_start!r}"
+    return rows
+
+
+# ---- policies: benchmarks/slipstream_policies.py ------------------------------------------------
+#
+# A results table is named in ``TABLES``: the document, the table's first header cells, and for
+# each row the results file and the policy the row reports. Each column maps to a statistic of
+# the file's ``runs`` (not of the ``median`` summary the script derived). The document must cite
+# the file it quotes (by name or by the ``slipstream_<name>.json`` pattern with the row's name in
+# a command on the page). To point a table at new results: change its ``rows`` (label -> file,
+# policy) or add a ``QuotedTable``; a results-shaped table (a ``policy`` column and a ``skip``
+# column) that no entry covers fails ``test_every_results_table_is_covered``.
 
 Runs = Dict[str, List[dict]]  # policy -> one record per repeat (seed)
 
@@ -105,7 +145,7 @@ TABLES = [
         },
     ),
     QuotedTable(
-        doc="docs/slipstream.md",
+        doc="docs/results/policies.md",
         header="| dataset | policy | skip |",
         rows={
             **{(d, p): (f"slipstream_{d}.json", p) for d in ("clicklog", "movielens_1m")
@@ -127,31 +167,10 @@ TABLES = [
 ]
 
 
-def _tables(doc: str) -> List[Tuple[int, List[str], List[List[str]]]]:
-    """(line, header cells, body rows) of every markdown table of ``doc``."""
-    out, lines = [], (ROOT / doc).read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        if lines[i].startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
-            cells = lambda l: [c.strip() for c in l.strip().strip("|").split("|")]  # noqa: E731
-            j = i + 2
-            while j < len(lines) and lines[j].startswith("|"):
-                j += 1
-            out.append((i + 1, cells(lines[i]), [cells(l) for l in lines[i + 2 : j]]))
-            i = j
-        i += 1
-    return out
-
-
-def _table(spec: QuotedTable) -> Tuple[int, List[str], List[List[str]]]:
-    found = [t for t in _tables(spec.doc) if ("| " + " | ".join(t[1]) + " |").startswith(spec.header)]
+def _table(spec: QuotedTable) -> Table:
+    found = [t for t in tables(spec.doc) if ("| " + " | ".join(t.header) + " |").startswith(spec.header)]
     assert len(found) == 1, f"{spec.doc}: {len(found)} tables start with {spec.header!r}"
     return found[0]
-
-
-def _quoted(cell: str) -> List[Tuple[float, int]]:
-    """The numbers of a cell with their decimals ("-0.0013 +- 0.0003" -> two, 4 decimals)."""
-    return [(float(n), len(n.split(".")[1]) if "." in n else 0) for n in NUMBER.findall(cell.replace(",", ""))]
 
 
 CASES = [(spec, key) for spec in TABLES for key in spec.rows]
@@ -159,7 +178,8 @@ CASES = [(spec, key) for spec in TABLES for key in spec.rows]
 
 @pytest.mark.parametrize("spec, key", CASES, ids=[f"{s.doc}:{'/'.join(k)}" for s, k in CASES])
 def test_quoted_numbers_equal_the_results_file(spec: QuotedTable, key: Tuple[str, ...]):
-    line, header, body = _table(spec)
+    table = _table(spec)
+    line, header, body = table.line, table.header, table.rows
     rows = [r for r in body if tuple(r[: len(key)]) == key]
     assert len(rows) == 1, f"{spec.doc}:{line}: {len(rows)} rows {key}"
     file, policy = spec.rows[key]
@@ -193,17 +213,345 @@ def test_the_document_cites_its_results_files(spec: QuotedTable):
 def test_every_results_table_is_covered():
     """A table that quotes policy results (a policy and a skip column) has a QuotedTable entry,
     unless it predates the results files (listed here, with why)."""
-    covered = {(s.doc, _table(s)[0]) for s in TABLES}
+    covered = {(s.doc, _table(s).line) for s in TABLES}
     older = {  # measured before benchmarks/slipstream_policies.py wrote its results files
-        ("docs/slipstream.md", "Default configuration (the Quickstart's main job), 2 repeats:"),
-        ("docs/slipstream.md", "Larger skew (`data=synthetic_skewed`, Zipf 1.3, same size), 1 repeat:"),
+        ("docs/results/policies.md", "Default configuration (the Quickstart's main job), 2 repeats:"),
+        ("docs/results/policies.md", "Larger skew (`data=synthetic_skewed`, Zipf 1.3, same size), 1 repeat:"),
+        ("docs/results/policies.md", "run of POLICY, at the skip fraction POLICY measured (same data, seed and samples trained):"),
+        ("docs/results/policies.md", "shift). 3 seeds, alternating:"),
     }
     missing = []
-    for doc in ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]:
+    for doc in ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]:
         lines = (ROOT / doc).read_text().splitlines()
-        for line, header, _ in _tables(doc):
-            if "policy" in header and "skip" in header and (doc, line) not in covered:
-                before = next((l for l in reversed(lines[: line - 1]) if l.strip()), "")
+        for t in tables(doc):
+            if "policy" in t.header and "skip" in t.header and (doc, t.line) not in covered:
+                before = next((l.strip() for l in reversed(lines[: t.line - 1]) if l.strip()), "")
                 if (doc, before) not in older:
-                    missing.append(f"{doc}:{line}")
+                    missing.append(f"{doc}:{t.line}")
     assert not missing, f"results tables no QuotedTable covers: {missing}"
+
+
+# ---- serving: benchmarks/serve.py --------------------------------------------------------------
+#
+# A serve table (header ``| data | seeds | served |``) names in each row's first cell the data,
+# the setting if it is not ``serve`` (backticked) and the results file (``serve_<name>.json``).
+# Each number is recomputed from the file's per-seed records (``runs``), not from its ``table``.
+
+SERVE_HEADER = "| data | seeds | served |"
+SERVE_DOCS = ["README.md", "docs/results/serve.md"]
+
+
+def _serve_rows(doc: str) -> List[List[str]]:
+    """The body rows of every serve table of ``doc``, one table after the other."""
+    return [row for t in tables(doc) if t.text.startswith(SERVE_HEADER) for row in t.rows]
+
+
+def _serve_expected(runs: Dict[str, List[dict]], setting: str) -> Dict[str, List[float]]:
+    mine, off = runs[setting], runs["off"]
+    total = lambda r: r["a2a_bytes_per_sample"]["total"]  # noqa: E731
+    d_auc = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, off)]
+    return {
+        "served": [statistics.mean(r["served_fraction"] for r in mine)],
+        "bytes": [statistics.mean(total(a) / total(b) for a, b in zip(mine, off)),
+                  statistics.mean(total(r) for r in mine), statistics.mean(total(r) for r in off)],
+        "speed": [statistics.mean(a["samples_per_second"] / b["samples_per_second"] for a, b in zip(mine, off))],
+        "auc": [statistics.mean(d_auc), *d_auc],
+        "trained": [float(all(a["samples_trained"] == b["samples_trained"] for a, b in zip(mine, off)))],
+    }
+
+
+@pytest.mark.parametrize("doc", SERVE_DOCS)
+def test_serve_tables_quote_their_results_files(doc):
+    rows = _serve_rows(doc)
+    assert rows, f"{doc}: no serve results table ({SERVE_HEADER!r})"
+    text = (ROOT / doc).read_text()
+    for cells in rows:
+        name = re.search(r"serve_(\w+)\.json", cells[0])
+        assert name, f"{doc}: the row {cells[0]!r} names no serve_<name>.json"
+        path = RESULTS / f"serve_{name.group(1)}.json"
+        assert path.name in text
+        data = json.loads(path.read_text())
+        tokens = re.findall(r"`([^`]+)`", cells[0])  # the data, then the setting if not serve
+        setting = tokens[1] if len(tokens) > 1 else "serve"
+        assert setting in data["runs"], (doc, cells[0], list(data["runs"]))
+        exp = _serve_expected(data["runs"], setting)
+        assert cells[1] == (f"0-{data['seeds'] - 1}" if data["seeds"] > 1 else "0")
+        _check(cells[2], exp["served"])
+        _check(cells[3], exp["bytes"])
+        _check(cells[4], exp["speed"])
+        _check(cells[5], exp["auc"])
+
+
+# ---- the headline: benchmarks/headline.py -------------------------------------------------------
+#
+# The README's and docs/performance.md's headline tables quote headline_levers.json (the
+# headline since the levers measure themselves; headline.json is the one before, with per-sample
+# serving, quoted nowhere now), recomputed from its per-seed records (``runs``: train seconds,
+# test AUC, test CTR and mean prediction of each arm), not from its ``table``.
+
+HEADLINE = json.loads((RESULTS / "headline_levers.json").read_text())["results"]
+
+
+def _dataset(cell: str) -> str:
+    return re.match(r"`([a-z_0-9]+)`", cell).group(1)
+
+
+def _arm(runs: Dict[str, List[dict]], arm: str) -> Dict[str, List[float]]:
+    mine, golden, off = runs[arm], runs["golden"], runs["off"]
+    speed = [g["train_seconds"] / a["train_seconds"] for a, g in zip(mine, golden)]
+    vs_off = [b["train_seconds"] / a["train_seconds"] for a, b in zip(mine, off)]
+    d_auc = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, off)]
+    return {
+        "seconds": [statistics.mean(r["train_seconds"] for r in mine)],
+        "speed": [statistics.mean(speed), *speed],
+        "vs_off": [statistics.mean(vs_off), *vs_off],
+        "auc": [statistics.mean(r["test_auc"] for r in mine)],
+        "paired": [statistics.mean(d_auc), *d_auc],
+        "calibration": [r["test_predicted_ctr"] / r["test_ctr"] for r in mine],
+    }
+
+
+def test_the_readme_table_quotes_the_results_file():
+    rows = _rows("README.md", "| data | golden loop train s |")
+    assert {_dataset(r[0]) for r in rows} == set(HEADLINE)
+    for r in rows:
+        runs = HEADLINE[_dataset(r[0])]["runs"]
+        golden, off, defaults = (_arm(runs, a) for a in ("golden", "off", "defaults"))
+        _check(r[1], golden["seconds"])
+        _check(r[2], off["speed"][:1])
+        _check(r[3], defaults["seconds"])
+        _check(r[4], defaults["speed"])
+        _check(r[5], defaults["vs_off"])
+        _check(r[6], defaults["paired"])
+
+
+def test_the_performance_table_quotes_the_results_file():
+    rows = _rows("docs/performance.md", "| data | run | train s |")
+    names = {"golden loop": "golden", "`off` (fp32)": "off", "defaults": "defaults",
+             "defaults, `serve_when=always`": "serve_always", "`off` + bf16 and downsampling": "off_auto"}
+    assert len(rows) == len(names) * len(HEADLINE)
+    for r in rows:
+        runs = HEADLINE[_dataset(r[0])]["runs"]
+        arm = names[r[1]]
+        got = _arm(runs, arm)
+        _check(r[2], got["seconds"])
+        _check(r[3].replace("**", ""), got["speed"] if arm != "golden" else [])
+        _check(r[4].replace("**", ""), got["vs_off"] if arm not in ("golden", "off") else [])
+        _check(r[5], got["auc"])
+        _check(r[6].replace("**", ""), got["paired"] if arm != "off" else [])
+        _check(r[7], got["calibration"])
+
+
+EXTERNAL = {"instacart": "headline_instacart.json", "movielens_1m": "headline_movielens.json"}
+
+
+def test_the_external_logs_table_quotes_its_results_files():
+    rows = _rows("docs/performance.md", "| data | run | train s | vs `off` (per seed) |")
+    names = {"`off` (fp32)": "off", "defaults": "defaults", "`off` + bf16 and downsampling": "off_auto"}
+    assert len(rows) == len(names) * len(EXTERNAL)
+    for r in rows:
+        dataset = _dataset(r[0])
+        runs = json.loads((RESULTS / EXTERNAL[dataset]).read_text())["results"][dataset]["runs"]
+        arm = names[r[1]]
+        mine, off = runs[arm], runs["off"]
+        vs_off = [b["train_seconds"] / a["train_seconds"] for a, b in zip(mine, off)]
+        paired = [a["test_auc"] - b["test_auc"] for a, b in zip(mine, off)]
+        _check(r[2], [statistics.mean(x["train_seconds"] for x in mine)])
+        _check(r[3], [statistics.mean(vs_off), *vs_off] if arm != "off" else [])
+        _check(r[4], [statistics.mean(x["test_auc"] for x in mine)])
+        _check(r[5], [statistics.mean(paired), *paired] if arm != "off" else [])
+
+
+# ---- the network: benchmarks/network.py and benchmarks/step_model.py ----------------------------
+#
+# The wire over the training steps beside the program's count (docs/performance.md), the
+# step-time model's check and predictions (docs/scale.md), and the serve runs over a shaped link
+# (docs/results/serve.md; the unserved layout's run in docs/slipstream.md, beside the design it measures).
+
+
+def _job(cell: str) -> str:
+    return cell.split("(")[0].strip().strip("`").strip()
+
+
+def test_the_wire_table_quotes_its_runs():
+    rows = _rows("docs/performance.md", "| results | nodes | dim | job | wire B / trained sample, training steps")
+    current = None
+    for cells in rows:
+        link = re.search(r"\(\.\./benchmarks/results/([^)]+\.json)\)", cells[0])
+        current = link.group(1) if link else current
+        assert current, cells
+        table = json.loads((RESULTS / current).read_text())["table"]
+        rate = "none" if any(r["rate"] == "none" for r in table) else table[0]["rate"]
+        (row,) = [r for r in table if r["job"] == _job(cells[3]) and r["rate"] == rate]
+        assert int(cells[1]) == len(json.loads((RESULTS / current).read_text())["nodes"])
+        assert float(cells[4]) == round(row["wire_train_bytes_per_sample"]), cells
+        assert float(cells[5]) == round(row["program_off_rank_bytes_per_sample"]["total"]), cells
+        assert float(cells[6]) == round(row["wire_train_over_program"], 3), cells
+        assert float(cells[7]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        # the claim of the paragraph below the table: within 0.3-3.1%
+        assert 1.0 <= row["wire_train_over_program"] <= 1.031
+
+
+def _check_rows() -> Dict[Tuple[int, str, str, str], dict]:
+    doc = json.loads((RESULTS / "step_model_check.json").read_text())
+    out = {}
+    for r in doc["rows"]:
+        dim = re.search(r"dim(\d+)", Path(r["file"]).name).group(1)
+        out[(r["nodes"], dim, r["rate"], r["job"])] = r
+    return out
+
+
+def test_the_step_model_check_quotes_its_results():
+    rows = _rows("docs/scale.md", "| nodes | dim | link | job | unshaped ms / step")
+    mine = _check_rows()
+    assert len(rows) == len(mine)
+    for cells in rows:
+        r = mine[(int(cells[0]), cells[1], cells[2], _job(cells[3]))]
+        assert [float(c) for c in cells[4:7]] == [round(r[k], 1) for k in ("unshaped_ms", "measured_ms", "predicted_ms")]
+        assert cells[7] == f"{r['error']:+.1%}"
+    errors = [abs(r["error"]) for r in mine.values()]
+    text = (ROOT / "docs/scale.md").read_text()
+    assert f"|error| {sum(errors) / len(errors):.1%} over {len(errors)} runs" in text
+    assert f"within 10% on {sum(e <= 0.10 for e in errors)}" in text
+
+
+@pytest.mark.parametrize("name", ["step_model_check.json"])
+def test_the_model_s_results_hold_their_command(name):
+    assert "step_model.py check" in json.loads((RESULTS / name).read_text())["command"]
+
+
+def test_the_step_model_predictions_quote_their_results():
+    rows = _rows("docs/scale.md", "| fabric | job | exposed communication ms / step")
+    doc = json.loads((RESULTS / "step_model_predictions.json").read_text())
+    mine = {(r["fabric"], r["job"]): r for r in doc["rows"]}
+    assert len(rows) == len(mine)
+    for cells in rows:
+        r = mine[(cells[0], cells[1].strip("`"))]
+        assert [float(c) for c in cells[2:5]] == [round(r[k], 3) for k in ("comm_ms", "compute_ms", "step_ms")]
+        assert cells[5] == f"{r['speedup_vs_off']:.2f}x"
+        # the compute was set so that off's exposed communication is the published share
+        if r["job"] == "off":
+            assert r["comm_ms"] / r["step_ms"] == pytest.approx(r["published_share"], abs=1e-3)
+
+
+_JOBS = {"slipstream=off": "off", "slipstream=serve slipstream.serve_when=always": "serve_always", "defaults": "defaults"}
+
+
+def _job_rows(header: str, name: str, seconds: int, ratio: int, job_of=lambda cell: _JOBS[_job(cell)]):
+    """Each row of the docs' table under ``header`` beside its job's table row and run of
+    results file ``name`` (the job named by ``job_of`` of the row's first cell; by default off,
+    serve-always and the defaults as ``_JOBS`` names them), its train seconds (column
+    ``seconds``, then the speed against off's) and its embedding side on the wire against off's
+    (column ``ratio``) checked; the rows, runs and off's row for the table's other columns."""
+    rows = _rows("docs/results/serve.md", header)
+    doc = json.loads((RESULTS / name).read_text())
+    by_job = {r["job"]: r for r in doc["table"]}
+    runs = {r["job"]: r for r in doc["runs"]}
+    off = by_job["off"]
+    out = []
+    for cells in rows:
+        job = job_of(cells[0])
+        row, run = by_job[job], runs[job]
+        assert float(cells[seconds]) == round(row["train_seconds"], 1), cells
+        if job != "off":
+            assert cells[seconds + 1] == f"{off['train_seconds'] / row['train_seconds']:.3f}x", cells
+            wire = row["wire_train_minus_dense_bytes_per_sample"] / off["wire_train_minus_dense_bytes_per_sample"]
+            assert float(cells[ratio]) == round(wire, 3), cells
+        out.append((cells, job, row, run))
+    return out, runs, off
+
+
+def test_the_per_feature_table_quotes_its_run():
+    header = "| job | train s | vs `off` | lookups served | slots | wire over the training steps"
+    rows, _, _ = _job_rows(header, "network_per_feature_clicklog_dim128.json", seconds=1, ratio=7)
+    assert len(rows) == 3
+    for cells, _, row, run in rows:
+        assert float(cells[3]) == round(run["served_fraction"], 3) and float(cells[4]) == round(run["slots_fraction"], 3), cells
+        assert float(cells[5]) == round(row["wire_train_bytes_per_sample"]), cells
+        assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        assert float(cells[8]) == round(row["wire_train_over_program"], 3), cells
+        assert float(cells[9]) == round(row["test_auc"], 4), cells
+
+
+@pytest.mark.parametrize(
+    "header, name",
+    [
+        ("| job | train s | vs `off` | slots | its embedding side on the wire", "network_host_memory_clicklog_dim128.json"),
+        ("| job | train s | vs `off` | slots | the embedding side on the wire", "network_two_layouts_clicklog_dim128.json"),
+    ],
+)
+def test_the_host_memory_and_two_layout_tables_quote_their_runs(header, name):
+    rows, runs, off = _job_rows(header, name, seconds=1, ratio=5)
+    assert len(rows) == 3
+    for cells, job, row, run in rows:
+        assert float(cells[3]) == round(run["slots_fraction"], 3), cells
+        assert float(cells[4]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        if job != "off":
+            assert float(cells[6]) == round(row["test_auc"] - off["test_auc"], 4), cells
+    # every job trained in the same precision, so the ratios compare the policy alone
+    assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
+
+
+def test_the_unserved_layout_comparison_quotes_its_run():
+    doc = json.loads((RESULTS / "network_unserved_layout_dim128.json").read_text())
+    by_job = {r["job"]: r for r in doc["table"]}
+    runs = {r["job"]: r for r in doc["runs"]}
+    assert runs["nostale"]["served_fraction"] == 0.0 and runs["nostale"]["slots_fraction"] == 1.0
+    text = " ".join((ROOT / "docs/slipstream.md").read_text().split())
+    off, nostale = by_job["off"], by_job["nostale"]
+    assert (
+        f"`off` {off['train_seconds']:.1f} s, nothing served {nostale['train_seconds']:.1f} s, "
+        f"{off['wire_bytes_per_sample']:,.0f} and {nostale['wire_bytes_per_sample']:,.0f} wire bytes per sample"
+    ) in text
+
+
+def test_the_warm_up_and_sync_table_quotes_its_run():
+    """The table of the hot set counted over 20 steps instead of 100, with pushes and syncs every
+    25 steps or a replica bound, against off and serve-always of the same run."""
+    name = "network_warmup_clicklog_dim128.json"
+    header = "| job | its overrides | train s | vs `off` | slots | push + replica"
+    rows, runs, off = _job_rows(header, name, seconds=2, ratio=7, job_of=_job)
+    jobs = json.loads((RESULTS / name).read_text())["jobs"]
+    assert [job for _, job, _, _ in rows] == list(runs)
+    for cells, job, row, run in rows:
+        assert cells[1] == f"`{' '.join(jobs[job])}`", cells
+        assert float(cells[4]) == round(run["slots_fraction"], 3), cells
+        program = run["program_off_rank_bytes_per_sample"]
+        assert float(cells[5]) == round(program["push"] + program["replica"]), cells
+        assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        if job != "off":
+            assert float(cells[8]) == round(row["test_auc"] - off["test_auc"], 4), cells
+    assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
+
+
+def test_the_half_width_sync_table_quotes_its_run():
+    """The table of sync_precision=bf16 beside fp32 syncs, both counted over 20 steps, and off."""
+    name = "network_sync_bf16_clicklog_dim128.json"
+    header = "| job | its overrides | train s | vs `off` | push, B / sample | replica, B / sample"
+    rows, runs, off = _job_rows(header, name, seconds=2, ratio=7, job_of=_job)
+    jobs = json.loads((RESULTS / name).read_text())["jobs"]
+    assert [job for _, job, _, _ in rows] == list(runs) == ["off", "early", "early_bf16"]
+    for cells, job, row, run in rows:
+        assert cells[1] == f"`{' '.join(jobs[job])}`", cells
+        program = run["program_off_rank_bytes_per_sample"]
+        assert float(cells[4]) == round(program["push"]) and float(cells[5]) == round(program["replica"]), cells
+        assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        assert float(cells[8]) == round(row["wire_train_over_program"], 3), cells
+        if job != "off":
+            assert float(cells[9]) == round(row["test_auc"] - off["test_auc"], 4), cells
+    assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
+
+
+def test_the_preset_defaults_table_quotes_its_run():
+    """The main job's defaults with the 20-step count and bf16 syncs against off, one run."""
+    name = "network_preset_defaults_clicklog_dim128.json"
+    header = "| job | the preset | train s | vs `off` | slots | served | the embedding side on the wire"
+    rows, runs, off = _job_rows(header, name, seconds=2, ratio=7)
+    assert [job for _, job, _, _ in rows] == list(runs) == ["off", "defaults"]
+    for cells, job, row, run in rows:
+        assert float(cells[4]) == round(run["slots_fraction"], 3) and float(cells[5]) == round(run["served_fraction"], 3), cells
+        assert float(cells[6]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        if job != "off":
+            assert float(cells[8]) == round(row["test_auc"] - off["test_auc"], 4), cells
+            assert run["serve_lever"]["serve_when"] == "auto", run["serve_lever"]
+    assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import List
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from tests._fixtures import BIN, ROOT, _run, _torchrun
+
 SUMMARY_KEYS = {
     "samples_seen",
     "samples_trained",
@@ -25,31 +22,6 @@ SUMMARY_KEYS = {
     "sharding",
     "policy",
 }
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # torchrun/torchx of this venv
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _run(cmd: List[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, f"{' '.join(cmd)}\nstdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
-    return result
-
-
-def _torchrun(run_dir: Path, data_root: Path, *overrides: str) -> dict:
-    _run(
-        [
-            str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2",
-            "-m", "slipstream_rec.train",
-            "experiment=smoke", f"data.root={data_root}", f"trainer.run_dir={run_dir}",
-            "trainer.progress_bar=false", *overrides,
-        ]
-    )
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")

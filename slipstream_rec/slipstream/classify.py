@@ -13,7 +13,7 @@ Conventions (shared with ``threshold.threshold_for_target`` and ``decide.SkipDec
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -106,23 +106,15 @@ def _sample_counts(
     return hit, total
 
 
-def _lookup_changes(kjt: KeyedJaggedTensor, index: RowIndex, change: Any) -> torch.Tensor:
-    """The change of every lookup: from a ``RowState`` (sparse, O(hot rows)) or a dense per-flat-row
-    tensor (tests and references)."""
-    if isinstance(change, RowState):
-        return change.lookup_changes(index, kjt)
-    return change.index_select(0, index.flat_keys(kjt))
-
-
 def per_sample_max_change(
-    kjt: KeyedJaggedTensor, index: RowIndex, change: Any
+    kjt: KeyedJaggedTensor, index: RowIndex, change: RowState
 ) -> torch.Tensor:
-    """Each sample's largest ``change`` over all its lookups (all features), shape (B,).
+    """Each sample's largest ``change`` over all its lookups (all features), float32 (B,).
 
-    ``change`` is the per-flat-row tensor (``RowState.change``); a sample with no lookups gets
-    +inf (never skippable). Dtype follows ``change``.
+    ``change`` holds every row's change (``RowState``: sparse, O(hot rows)); a sample with no
+    lookups gets +inf (never skippable).
     """
-    per_lookup = _lookup_changes(kjt, index, change)
+    per_lookup = change.lookup_changes(index, kjt)
     return _sample_max(kjt, per_lookup)
 
 
@@ -166,7 +158,7 @@ def skippable(
 def skippable_by_threshold(
     kjt: KeyedJaggedTensor,
     index: RowIndex,
-    change: Any,
+    change: RowState,
     threshold: Optional[float],
     alpha: float = 1.0,
 ) -> torch.Tensor:
@@ -180,7 +172,7 @@ def skippable_by_threshold(
     num_keys, stride, lengths, _ = layout
     if threshold is None:
         return torch.zeros(stride, dtype=torch.bool)
-    per_lookup = _lookup_changes(kjt, index, change)
+    per_lookup = change.lookup_changes(index, kjt)
     if alpha == 1.0:
         # all stale <=> max change < T; the empty-sample max is +inf, never < T... unless T is
         # +inf, hence the explicit lookup-count check.

@@ -307,25 +307,6 @@ class RowState:
                 self._sparse[t] = (rows, self.values[lo:hi])
         self._view_version = self.version
 
-    def dense_change(self) -> torch.Tensor:
-        """Every row's change as one (num_rows,) float32 tensor. O(num_rows): tests only."""
-        out = torch.full((self._num_rows,), float("inf"), dtype=torch.float32)
-        out[self.keys] = self.values
-        return out
-
-    def stale_mask(self, threshold: float) -> torch.Tensor:
-        """Bool (num_rows,): ``change < threshold``. O(num_rows): tests only."""
-        out = torch.zeros(self._num_rows, dtype=torch.bool)
-        out[self.stale_keys(threshold)] = True
-        return out
-
-    @property
-    def hot_mask(self) -> torch.Tensor:
-        """Bool (num_rows,): rows with a finite change. O(num_rows): tests only."""
-        out = torch.zeros(self._num_rows, dtype=torch.bool)
-        out[self.keys] = True
-        return out
-
     def state_dict(self) -> Dict[str, torch.Tensor]:
         return {"num_rows": torch.tensor(self._num_rows), "keys": self.keys.clone(), "values": self.values.clone()}
 

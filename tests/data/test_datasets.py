@@ -16,7 +16,7 @@ from slipstream_rec.data.datasets import ensure_dataset
 from slipstream_rec.data.generated import synthetic
 from slipstream_rec.data.generated.synthetic import config_hash
 from slipstream_rec.data.meta import load_meta
-from tests.data.generated.test_synthetic import gen, tiny
+from tests._fixtures import gen, tiny
 
 
 def test_ensure_dataset_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

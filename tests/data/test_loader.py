@@ -12,33 +12,7 @@ import torch
 from slipstream_rec.data.loader import NpyBatchLoader
 from slipstream_rec.data.meta import load_meta
 from slipstream_rec.data.types import Batch
-
-CARDS = [50 + 7 * f for f in range(26)]
-
-
-def write_dataset(path: Path, rows: dict[str, int]) -> Path:
-    """A hand-made dataset whose dense column 0 is the global row index (to track coverage)."""
-    path.mkdir(parents=True, exist_ok=True)
-    for split, n in rows.items():
-        idx = np.arange(n)
-        dense = np.zeros((n, 13), dtype=np.float32)
-        dense[:, 0] = idx
-        dense[:, 1] = np.log1p(idx % 17)
-        sparse = ((idx[:, None] * 31 + np.arange(26)[None, :] * 5) % np.asarray(CARDS)).astype(np.int32)
-        labels = (idx % 3 == 0).astype(np.int32).reshape(n, 1)
-        np.save(path / f"{split}_dense.npy", dense)
-        np.save(path / f"{split}_sparse.npy", sparse)
-        np.save(path / f"{split}_labels.npy", labels)
-    meta = {
-        "format_version": 1,
-        "num_dense": 13,
-        "sparse_feature_names": [f"cat_{i}" for i in range(26)],
-        "dense_feature_names": [f"int_{i}" for i in range(13)],
-        "num_embeddings_per_feature": CARDS,
-        "rows": rows,
-    }
-    (path / "meta.json").write_text(json.dumps(meta))
-    return path
+from tests._fixtures import CARDS, write_dataset
 
 
 def rows_of(batch: Batch) -> np.ndarray:

@@ -9,7 +9,7 @@ import torch
 
 from slipstream_rec.data.loader import NpyBatchLoader
 from slipstream_rec.data.types import Batch
-from tests.data.test_loader import write_dataset
+from tests._fixtures import write_dataset
 
 
 def test_pin_memory_without_cuda_is_a_clear_error(tmp_path: Path, monkeypatch):

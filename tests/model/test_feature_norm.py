@@ -17,8 +17,8 @@ from slipstream_rec.model.feature_norm import (
     PerFeatureLayerNorm,
     observe_dense,
 )
+from tests._fixtures import FEATURES, LOCAL_BATCH, LR, ROWS, WORLD, _slice_batch
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, LR, ROWS, WORLD, _slice_batch
 
 CPU = torch.device("cpu")
 

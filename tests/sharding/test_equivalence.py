@@ -14,54 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests._fixtures import FEATURES, LOCAL_BATCH, LR, ROWS, WORLD, _slice_batch, reference_and_rank_model
 from tests.dist_harness import run_workers
-
-WORLD = 2
-LOCAL_BATCH = 8
-FEATURES = ["f0", "f1", "f2", "f3"]
-ROWS = [50, 64, 31, 100]
-LR = 0.5
-
-
-def _global_batch():
-    from slipstream_rec.data.types import Batch
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    g = torch.Generator().manual_seed(7)
-    B = LOCAL_BATCH * WORLD
-    # Multi-hot bags with lengths 0..3 exercise pooling and empty bags on every sharding type.
-    lengths = torch.randint(0, 4, (len(FEATURES), B), generator=g)
-    values = [torch.randint(0, rows, (int(lengths[f].sum()),), generator=g) for f, rows in enumerate(ROWS)]
-    dense = torch.randn(B, 13, generator=g)
-    labels = torch.randint(0, 2, (B,), generator=g).float()
-    return dense, lengths, values, labels, Batch, KeyedJaggedTensor
-
-
-def _slice_batch(lo: int, hi: int):
-    dense, lengths, values, labels, Batch, KJT = _global_batch()
-    vals, lens = [], []
-    for f in range(len(FEATURES)):
-        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths[f].cumsum(0)])
-        vals.append(values[f][offsets[lo] : offsets[hi]])
-        lens.append(lengths[f][lo:hi])
-    kjt = KJT(keys=FEATURES, values=torch.cat(vals), lengths=torch.cat(lens).int(), stride=hi - lo)
-    return Batch(dense_features=dense[lo:hi], sparse_features=kjt, labels=labels[lo:hi])
-
-
-def reference_and_rank_model(rank: int):
-    """The small DLRM of these tests: (config, the unsharded reference and its full state dict,
-    identical on every rank, and this rank's unsharded model, initialised differently from the
-    reference so that every weight of a sharded copy must come from the full state)."""
-    from slipstream_rec.model.config import ModelConfig
-    from slipstream_rec.model.dlrm import build_model
-
-    cfg = ModelConfig(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
-    cpu = torch.device("cpu")
-    torch.manual_seed(0)  # same reference on every rank
-    ref = build_model(cfg, 13, FEATURES, ROWS, cpu, embedding_device=cpu)
-    full = {k: v.detach().clone() for k, v in ref.state_dict().items()}
-    torch.manual_seed(100 + rank)  # sharded init differs: every weight must come from `full`
-    return cfg, ref, full, build_model(cfg, 13, FEATURES, ROWS, cpu)
 
 
 def equivalence_worker(env, kind: str):

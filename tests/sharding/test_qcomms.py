@@ -18,10 +18,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import (
+from tests._fixtures import (
     FEATURES, LOCAL_BATCH, LR, ROWS, WORLD, _slice_batch, reference_and_rank_model,
 )  # fmt: skip
+from tests.dist_harness import run_workers
 
 # The input argument of each collective TorchRec's comm ops call (comm_ops.py), by name.
 _COLLECTIVES = {

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from slipstream_rec.sharding.vbe_cpu import generate_vbe_metadata_cpu
+from tests._fixtures import _inputs
 
 # (batch per table per rank, dims per table, info_B_num_bits)
 CASES = [
@@ -21,19 +22,6 @@ CASES = [
     ([[5], [1], [7], [2]], [16, 16, 16, 16], 26),
     ([[0, 2], [3, 0]], [4, 8], 20),  # a rank with no bags of a table
 ]
-
-
-def _inputs(per_rank, dims):
-    """The metadata's inputs as FBGEMM's Python side builds them (generate_vbe_metadata in
-    split_table_batched_embeddings_ops_training_common.py), for one TBE."""
-    bs = torch.tensor(per_rank, dtype=torch.int64)
-    totals = bs.sum(1)
-    b_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), totals.cumsum(0)]).to(torch.int32)
-    sizes = bs.t() * torch.tensor(dims).view(1, -1)  # (R, T): rank-major output
-    out_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.flatten().cumsum(0)])
-    per_feature = torch.tensor([[0] + row for row in per_rank], dtype=torch.int32).cumsum(1).to(torch.int32)
-    d_offsets = torch.tensor([0] + list(dims), dtype=torch.int32).cumsum(0).to(torch.int32)
-    return b_offsets, per_feature, out_offsets, d_offsets, int(totals.sum())
 
 
 def _loop(per_rank, dims, bits):
@@ -52,7 +40,7 @@ def _loop(per_rank, dims, bits):
 
 _FBGEMM = """
 import json, sys, torch, fbgemm_gpu
-from tests.sharding.test_vbe_cpu import _inputs
+from tests._fixtures import _inputs
 out = []
 for per_rank, dims, bits in json.loads(sys.argv[1]):
     b, pf, oo, do, total = _inputs(per_rank, dims)

@@ -1,4 +1,4 @@
-"""classify.py against naive per-sample Python loops; threshold_for_target exactness."""
+"""classify.py against naive per-sample Python loops."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from slipstream_rec.slipstream.classify import (
     stale_fraction_per_sample,
 )
 from slipstream_rec.slipstream.rows import RowIndex, RowState
-from slipstream_rec.slipstream.threshold import threshold_for_target
 from tests.slipstream._util import bags, random_kjt
+from tests.slipstream.reference import dense_change, lookup_changes, stale_mask
 
 KEYS = [f"f{i}" for i in range(5)]
 NUMS = [11, 3, 20, 1, 8]
@@ -56,17 +56,17 @@ def test_against_naive_loop(max_len: int, empty_every: int, alpha: float) -> Non
         if max_len == 1:  # also the loader's layout: exactly one id per bag
             kjt = make_kjt(KEYS, torch.stack([torch.randint(0, n, (37,), generator=gen) for n in NUMS], 1))
         thr = [0.0, 0.5, 1.25, 2.5, math.inf][trial % 5]
-        stale = st.stale_mask(thr)
-        mx, frac, skip = _naive(kjt, idx, st.dense_change(), stale, alpha)
-        got_mx = per_sample_max_change(kjt, idx, st.dense_change())
+        change, stale = dense_change(st), stale_mask(st, thr)
+        mx, frac, skip = _naive(kjt, idx, change, stale, alpha)
+        # The RowState (sparse keys, per-table lookup view) gives every lookup the dense
+        # reference's change, and decides as the loop over the dense reference does.
+        assert torch.equal(st.lookup_changes(idx, kjt), lookup_changes(kjt, idx, change))
+        got_mx = per_sample_max_change(kjt, idx, st)
         assert got_mx.tolist() == mx
         got_frac = stale_fraction_per_sample(kjt, idx, stale)
         assert got_frac.dtype == torch.float32
         assert torch.allclose(got_frac, torch.tensor(frac, dtype=torch.float32))
         assert skippable(kjt, idx, stale, alpha).tolist() == skip
-        assert skippable_by_threshold(kjt, idx, st.dense_change(), thr, alpha).tolist() == skip
-        # The RowState itself (sparse keys, per-table lookup view) decides the same.
-        assert per_sample_max_change(kjt, idx, st).tolist() == mx
         assert skippable_by_threshold(kjt, idx, st, thr, alpha).tolist() == skip
         assert lookups_per_sample(kjt).tolist() == [sum(len(b) for b in s) for s in bags(kjt)]
 
@@ -77,7 +77,7 @@ def test_alpha_one_never_drops_a_sample_with_a_fresh_lookup() -> None:
     st = _state(gen, idx, hot_frac=0.95)
     kjt = random_kjt(gen, KEYS, NUMS, batch=500, max_len=4, empty_sample_every=7)
     for thr in [0.25, 1.0, 2.0, 100.0]:
-        stale = st.stale_mask(thr)
+        stale = stale_mask(st, thr)
         sk = skippable(kjt, idx, stale, 1.0)
         if thr == 100.0:
             assert sk.any() and not sk.all()
@@ -86,7 +86,7 @@ def test_alpha_one_never_drops_a_sample_with_a_fresh_lookup() -> None:
             if any(not bool(stale[k]) for k in keys) or not keys:
                 assert not bool(sk[s])
         # all stale <=> max change < T
-        assert torch.equal(sk, per_sample_max_change(kjt, idx, st.dense_change()) < thr)
+        assert torch.equal(sk, per_sample_max_change(kjt, idx, st) < thr)
 
 
 def test_empty_samples_never_skippable_even_at_infinite_threshold() -> None:
@@ -102,11 +102,11 @@ def test_empty_samples_never_skippable_even_at_infinite_threshold() -> None:
         keys=["a", "b"], values=torch.tensor([0]), lengths=torch.tensor([1, 0, 0, 0], dtype=torch.int32), stride=2
     )
     for alpha in [1.0, 0.5]:
-        assert skippable_by_threshold(kjt, idx, st.dense_change(), math.inf, alpha).tolist() == [True, True]
-        assert skippable_by_threshold(kjt_empty, idx, st.dense_change(), math.inf, alpha).tolist() == [True, False]
-        assert skippable(kjt_empty, idx, st.stale_mask(math.inf), alpha).tolist() == [True, False]
-    assert per_sample_max_change(kjt_empty, idx, st.dense_change()).tolist() == [0.0, math.inf]
-    assert skippable_by_threshold(kjt, idx, st.dense_change(), None).tolist() == [False, False]
+        assert skippable_by_threshold(kjt, idx, st, math.inf, alpha).tolist() == [True, True]
+        assert skippable_by_threshold(kjt_empty, idx, st, math.inf, alpha).tolist() == [True, False]
+        assert skippable(kjt_empty, idx, stale_mask(st, math.inf), alpha).tolist() == [True, False]
+    assert per_sample_max_change(kjt_empty, idx, st).tolist() == [0.0, math.inf]
+    assert skippable_by_threshold(kjt, idx, st, None).tolist() == [False, False]
 
 
 def test_alpha_validation() -> None:
@@ -115,83 +115,3 @@ def test_alpha_validation() -> None:
     for bad in [0.0, -0.1, 1.5, math.nan]:
         with pytest.raises(ValueError, match="slipstream.alpha"):
             skippable(kjt, idx, torch.zeros(2, dtype=torch.bool), bad)
-
-
-# -- threshold_for_target ---------------------------------------------------------------------
-
-
-def test_threshold_achieves_target_exactly() -> None:
-    vals = torch.tensor([0.1 * i for i in range(1, 11)] + [math.inf] * 5)  # 10 hot, 5 not
-    for target, want_k in [(0.3, 3), (0.25, 3), (0.31, 4), (1.0, 10), (0.01, 1)]:
-        t, info = threshold_for_target(vals, target, math.inf)
-        assert info["k"] == want_k and info["reason"] is None and not info["capped"]
-        hot32 = vals[:10].to(torch.float32)
-        assert int((hot32 < t).sum()) == want_k  # strict: the k-th value itself is below T
-        assert int((hot32 <= torch.tensor(t, dtype=torch.float32).nextafter(torch.tensor(-math.inf))).sum()) == want_k
-        assert info["achieved_hot_fraction"] == want_k / 10
-        assert info["achieved_fraction"] == want_k / 15
-        assert info["achieved_hot_fraction"] >= target - 1e-12
-        assert info["n_sampled"] == 15 and info["n_hot"] == 10
-        # The same decision a RowState makes with this threshold.
-        st = RowState(15)
-        st.set_changes(torch.arange(10), vals[:10])
-        assert int(st.stale_mask(t).sum()) == want_k
-
-
-def test_threshold_ties_overshoot_not_undershoot() -> None:
-    vals = torch.tensor([1.0, 2.0, 2.0, 2.0, 3.0])
-    t, info = threshold_for_target(vals, 0.4, math.inf)  # k = 2 -> value 2.0, three tied
-    assert 2.0 < t < 2.0001
-    assert info["achieved_hot_fraction"] == 0.8
-
-
-def test_threshold_cap_binds() -> None:
-    vals = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    t, info = threshold_for_target(vals, 0.75, 2.5)
-    assert t == 2.5 and info["capped"] and info["uncapped_threshold"] > 3.0
-    assert info["achieved_hot_fraction"] == 0.5 and info["reason"] is None
-    t, info = threshold_for_target(vals, 0.75, 0.5)
-    assert t == 0.5 and info["achieved_hot_fraction"] == 0.0
-    assert "slipstream.max_threshold" in info["reason"]
-    t, info = threshold_for_target(vals, 0.25, 100.0)
-    assert not info["capped"] and 1.0 < t < 1.001
-
-
-def test_threshold_nothing_skippable_reasons() -> None:
-    t, info = threshold_for_target(torch.full((8,), math.inf), 0.5, 10.0)
-    assert t == 0.0 and info["n_hot"] == 0 and "hot" in info["reason"]
-    t, info = threshold_for_target(torch.tensor([1.0, 2.0]), 0.0, 10.0)
-    assert t == 0.0 and "target_skip_fraction" in info["reason"] and info["achieved_fraction"] == 0.0
-    t, info = threshold_for_target(torch.zeros(0), 0.5, 10.0)
-    assert t == 0.0 and "sampled" in info["reason"]
-    # zero changes are stale only for T > 0: a zero hot value with target 1 gives T = min float
-    t, info = threshold_for_target(torch.tensor([0.0, 0.0]), 1.0, 10.0)
-    assert t > 0 and info["achieved_hot_fraction"] == 1.0
-
-
-def test_threshold_validation() -> None:
-    for bad in [-0.1, 1.1, math.nan]:
-        with pytest.raises(ValueError, match="slipstream.target_skip_fraction"):
-            threshold_for_target(torch.ones(3), bad, 1.0)
-    for bad in [-1.0, math.nan]:
-        with pytest.raises(ValueError, match="slipstream.max_threshold"):
-            threshold_for_target(torch.ones(3), 0.5, bad)
-
-
-def test_threshold_random_against_sorted() -> None:
-    gen = torch.Generator().manual_seed(3)
-    for _ in range(20):
-        n = int(torch.randint(1, 200, (1,), generator=gen))
-        vals = torch.randint(0, 30, (n,), generator=gen).float() / 7
-        vals[torch.rand(n, generator=gen) < 0.3] = math.inf
-        target = float(torch.rand(1, generator=gen))
-        t, info = threshold_for_target(vals, target, math.inf)
-        hot = sorted(v for v in vals.tolist() if math.isfinite(v))
-        if not hot:
-            assert info["reason"]
-            continue
-        below = sum(v < t for v in hot)
-        assert below / len(hot) >= target - 1e-9
-        # The next smaller useful threshold (the largest hot value below T) misses the target.
-        c = max(v for v in hot if v < t)
-        assert sum(v < c for v in hot) / len(hot) < target

@@ -10,16 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests._fixtures import FEATURES, LOCAL_BATCH, ROWS, WORLD
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
-from tests.slipstream.test_tracking_dist import _sharded
-
-
-def _source(rank: int, batches: int = 40):
-    # Every batch is the rank's half of the fixed global batch: the look-ahead holds the same
-    # samples that were counted, so every sampled input is hot.
-    for _ in range(batches):
-        yield _slice_batch(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+from tests.slipstream._fixtures import _sharded, _source
 
 
 def controller_worker(env, reactivate: bool, warmup_steps: int):

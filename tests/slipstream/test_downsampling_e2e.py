@@ -1,5 +1,5 @@
 """The main job's levers end to end: 2 ranks under torchrun, the serve preset with
-``negative_downsampling=auto`` and ``trainer.precision=auto`` on a raw-CTR log (click rate 0.02).
+``downsampling=auto`` and ``trainer.precision=auto`` on a raw-CTR log (click rate 0.02).
 
 Expected values come from the data files and the definitions (the rule's formula, a binomial
 bound on the non-clicks dropped, /proc/cpuinfo read here), not from the code under test.
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_train import _torchrun
+from tests._fixtures import _torchrun
 
 
 @pytest.fixture(scope="module")

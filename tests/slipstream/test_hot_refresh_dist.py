@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from tests._fixtures import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
 
 SHIFT = 20
 
@@ -38,7 +38,7 @@ def refresh_worker(env):
     from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
     from slipstream_rec.slipstream.controller import SlipstreamController
     from slipstream_rec.slipstream.rows import RowIndex
-    from tests.slipstream.test_tracking_dist import _sharded
+    from tests.slipstream._fixtures import _sharded
 
     dmp, _ = _sharded("row_wise")
     cfg = SlipstreamConfig(

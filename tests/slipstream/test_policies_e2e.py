@@ -17,7 +17,7 @@ import math
 import pytest
 
 from slipstream_rec.report.random_control import random_control_overrides
-from tests.test_train import _run, BIN
+from tests._fixtures import BIN, _run
 
 AUC_TOLERANCE = 0.002  # the bound; measured here: 0.0018 (seeds 0 and 1, deterministic on CPU)
 

@@ -16,8 +16,8 @@ import torch
 
 from slipstream_rec.slipstream.config import Policy, SlipstreamConfig
 from slipstream_rec.slipstream.quality import QualityGovernor, QualityStats, group_stats
+from tests._fixtures import LOCAL_BATCH, WORLD
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import LOCAL_BATCH, WORLD
 
 
 def _stats(cand_losses, other_losses) -> QualityStats:
@@ -110,9 +110,8 @@ def quality_worker(env, modes):
     from slipstream_rec.slipstream.classify import per_sample_max_change, skippable_by_threshold
     from slipstream_rec.slipstream.threshold import threshold_for_target
     from slipstream_rec.slipstream.controller import SlipstreamController
-    from tests.sharding.test_equivalence import FEATURES, ROWS
-    from tests.slipstream.test_controller_dist import _source
-    from tests.slipstream.test_tracking_dist import _sharded
+    from tests._fixtures import FEATURES, ROWS
+    from tests.slipstream._fixtures import _sharded, _source
 
     dmp, modules = _sharded("row_wise")
     cfg = SlipstreamConfig(

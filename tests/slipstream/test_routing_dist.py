@@ -17,7 +17,7 @@ import os
 import sys
 
 from tests.dist_harness import run_workers
-from tests.slipstream.test_serve_dist import serve_step_worker
+from tests.slipstream._fixtures import serve_step_worker
 
 _PACKAGE = os.sep + "slipstream_rec" + os.sep
 

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from tests.test_train import BIN, _run
+from tests._fixtures import BIN, _run
 
 WINDOW = 20
 RECHECK = {"costly": 4, "tolerated": 2}  # costly: its second decision (step 220) clear of the epoch end (200)

@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from slipstream_rec.data.types import Batch
 from slipstream_rec.slipstream.lockstep import lockstep
 from slipstream_rec.slipstream.serve.push import ServedGradients, served_rows
 from slipstream_rec.slipstream.serve.replica import StaleReplica
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.serve.split import ServePlan
 from slipstream_rec.sharding.sharded import ShardUnit
-
-FEATURES = ["a", "b", "c"]
-ROWS = [6, 9, 4]
-DIM = 3
+from tests.slipstream._serving_case import DIM, FEATURES, REPLICA, ROWS, SAMPLES, _batch, _kjt
 
 
 def _tables():
@@ -39,39 +34,6 @@ def _units(tables, column_split: bool = False):
         else:
             units.append(ShardUnit(f"t_{name}", name, "table_wise", 0, 0, 0, 0, w.shape[0], DIM, False, weights=w))
     return units
-
-
-# Samples (bags per feature a, b, c); the replica holds rows a:{0,1,2}, b:{0,5}, c:{1,3}.
-SAMPLES = [
-    ([0], [5], [1]),  # servable
-    ([1, 2], [0, 0], []),  # servable (an empty bag is fine, a repeated id counts twice)
-    ([3], [0], [1]),  # a=3 is not in the replica
-    ([], [], []),  # no lookup: never servable
-    ([2], [5, 0], [3, 1]),  # servable
-    ([0], [8], [3]),  # b=8 is not in the replica
-]
-REPLICA = {"a": [0, 1, 2], "b": [0, 5], "c": [1, 3]}
-
-
-def _kjt(samples):
-    lengths, values = [], []
-    for f in range(len(FEATURES)):
-        for s in samples:
-            lengths.append(len(s[f]))
-            values.extend(s[f])
-    return KeyedJaggedTensor(
-        keys=FEATURES, values=torch.tensor(values, dtype=torch.int64),
-        lengths=torch.tensor(lengths, dtype=torch.int32), stride=len(samples),
-    )  # fmt: skip
-
-
-def _batch(samples):
-    n = len(samples)
-    return Batch(
-        dense_features=torch.arange(n * 2, dtype=torch.float32).view(n, 2),
-        sparse_features=_kjt(samples),
-        labels=torch.tensor([float(i % 2) for i in range(n)]),
-    )
 
 
 def _replica(column_split: bool = False):

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests._fixtures import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch
+from tests.slipstream._fixtures import _sharded
 
 KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
 
@@ -22,25 +23,6 @@ def _histograms(lo: int, hi: int):
     batch = _slice_batch(lo, hi)
     kjt = batch.sparse_features
     return {f: torch.bincount(kjt[f].values(), minlength=ROWS[i]) for i, f in enumerate(FEATURES)}
-
-
-def _sharded(kind: str):
-    from slipstream_rec.model.config import ModelConfig
-    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
-    from slipstream_rec.optim import EmbeddingOptimConfig, EmbeddingOptimizerKind, fuse_embedding_optimizer
-    from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
-    from slipstream_rec.sharding.plan import shard_model
-    from slipstream_rec.sharding.sharded import SlipstreamShardedEBC
-
-    cfg = ModelConfig(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
-    cpu = torch.device("cpu")
-    model = build_model(cfg, 13, FEATURES, ROWS, cpu)
-    fuse_embedding_optimizer(model, EmbeddingOptimConfig(type=EmbeddingOptimizerKind.sgd, lr=0.1))
-    sharding = ShardingConfig(type=ShardingKind[kind], column_shard_dim=4)
-    dmp = shard_model(model, sharding, embedding_bag_configs(cfg, FEATURES, ROWS), cpu, LOCAL_BATCH)
-    modules = [m for m in dmp.modules() if isinstance(m, SlipstreamShardedEBC)]
-    assert len(modules) == 1
-    return dmp, modules
 
 
 def counts_worker(env, kind: str):
@@ -116,6 +98,7 @@ def test_hot_rows_respect_the_global_budget():
 def staleness_worker(env, kind: str):
     from slipstream_rec.slipstream.rows import RowIndex, RowState
     from slipstream_rec.slipstream.tracker import StalenessTracker
+    from tests.slipstream.reference import dense_change, stale_mask
 
     dmp, modules = _sharded(kind)
     index = RowIndex(FEATURES, ROWS)
@@ -136,7 +119,7 @@ def staleness_worker(env, kind: str):
                 unit.weights[unit.hot_rows, 0] += delta_of_key(keys)
 
     def published():
-        return state.dense_change()
+        return dense_change(state)
 
     # odd keys move down: the change is the largest absolute move, whatever its sign
     move(lambda k: 0.001 * (k % 7).float() * (1 - 2 * (k % 2)).float())
@@ -147,14 +130,14 @@ def staleness_worker(env, kind: str):
     not_hot = torch.ones(index.num_rows, dtype=torch.bool)
     not_hot[hot] = False
     assert torch.isinf(first[not_hot]).all()
-    stale_before = state.stale_mask(0.0005)
+    stale_before = stale_mask(state, 0.0005)
     assert stale_before[hot].sum() == (hot % 7 == 0).sum()  # rows that did not move are stale
 
     # Re-activation: rows that were stale start moving a lot; the next snapshot un-stales them.
     move(lambda k: torch.where(k % 7 == 0, torch.full_like(k, 5, dtype=torch.float32), torch.zeros(k.shape)))
     assert tracker.snapshot() is True
     second = published()
-    stale_after = state.stale_mask(0.0005)
+    stale_after = stale_mask(state, 0.0005)
     reactivated = hot[hot % 7 == 0]
     assert not stale_after[reactivated].any()
     assert stale_after[hot[hot % 7 != 0]].all()  # and those that stopped moving became stale

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests._fixtures import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch, reference_and_rank_model
 from tests.dist_harness import run_workers
-from tests.sharding.test_equivalence import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch, reference_and_rank_model
 
 
 def hook_worker(env, hook: str, kind: str):

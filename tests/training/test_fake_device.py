@@ -23,7 +23,7 @@ from slipstream_rec.training.downsampling import NegativeDownsampler
 from slipstream_rec.slipstream.lockstep import lockstep
 from slipstream_rec.slipstream.serve.server import StaleServer
 from slipstream_rec.sharding.sharded import ShardUnit, SlipstreamShardedEBC
-from tests.slipstream.test_serving import DIM, FEATURES, REPLICA, ROWS, SAMPLES, _batch
+from tests.slipstream._serving_case import DIM, FEATURES, REPLICA, ROWS, SAMPLES, _batch
 
 META = torch.device("meta")
 
@@ -109,7 +109,7 @@ def test_batches_carry_their_lengths_per_key_so_torchrec_reads_nothing_back(tmp_
     # TorchRec's input dist asks a KJT for its lengths per key; one moved to the device without
     # them would sum its lengths there and read the sums back. On meta that read raises.
     from slipstream_rec.data.loader import NpyBatchLoader
-    from tests.data.test_loader import write_dataset
+    from tests._fixtures import write_dataset
 
     split = _served_batch(_server_on(META))  # the split's KJT: the sharded lookups, packed
     (loaded, *_) = list(NpyBatchLoader(write_dataset(tmp_path / "d", {"train": 64}), "train", batch_size=16, train=True))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from slipstream_rec.training.sync_audit import CLASSES, steady_means
-from tests.test_train import BIN, _run
+from tests._fixtures import BIN, _run
 
 GOLDEN_TOTAL = 52.0  # host reads + device syncs per step of TorchRec's golden loop (above)
 FIRST = 100  # steady state: after the hot set is chosen (step 40) and two snapshots

@@ -12,26 +12,11 @@ import torch
 
 from slipstream_rec.data.config import CRITEO_KAGGLE_CARDINALITIES, DataConfig, SyntheticConfig
 from slipstream_rec.data.datasets import ensure_dataset
-from slipstream_rec.data.generated.synthetic import feature_cardinalities, generate_dataset
+from slipstream_rec.data.generated.synthetic import feature_cardinalities
 from slipstream_rec.data.meta import SPLITS, load_meta
 from slipstream_rec.metrics import auc
+from tests._fixtures import gen, tiny
 
-
-def tiny(**overrides) -> SyntheticConfig:
-    """A few thousand rows and tables of at most 2000 rows: generation takes well under 1 s."""
-    base = dict(
-        num_train=6000, num_val=3000, num_test=1000, cardinality_scale=0.001,
-        min_cardinality=8, max_cardinality=2000,
-    )  # fmt: skip
-    base.update(overrides)
-    return SyntheticConfig(**base)
-
-
-def gen(tmp_path: Path, name: str, cfg: SyntheticConfig) -> Path:
-    out = tmp_path / name
-    out.mkdir()
-    generate_dataset(cfg, out)
-    return out
 
 
 def test_default_config_is_criteo_like() -> None:
