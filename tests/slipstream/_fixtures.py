@@ -1,8 +1,8 @@
 """What the 2-rank slipstream tests share: the sharded model, the batch stream and one serve step.
 
 ``serve_step_worker`` (a spawn target, so at module level) trains one global batch with ``off``
-and with ``serve`` and checks them against each other; tests/slipstream/test_serve_dist.py says
-what it expects and why, and tests/slipstream/test_routing_dist.py runs it to record which
+and with ``serve`` and checks them against each other; tests/slipstream/serve/test_serve_dist.py says
+what it expects and why, and tests/slipstream/serve/test_routing_dist.py runs it to record which
 process group each collective takes.
 """
 

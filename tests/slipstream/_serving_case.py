@@ -1,6 +1,6 @@
 """The one-process serving case: three small tables, a replica of some of their rows, six samples.
 
-tests/slipstream/test_serving.py computes its expectations from these in plain loops;
+tests/slipstream/serve/test_split.py computes its expectations from these in plain loops;
 tests/training/test_fake_device.py runs the same batch with the model on ``meta``.
 """
 

@@ -5,7 +5,7 @@ for small host tensors (slipstream_rec/distributed.py). On CPU both would be glo
 group does not exist, so here a second gloo group is patched in as the side group, every
 collective is recorded with its group, dtype and size, and one ``serve`` step runs end to end
 (the replica copied from the shards, the lock-step agreement, the split, forward and backward,
-the push of the served gradients; tests/slipstream/test_serve_dist.py checks its numbers). The
+the push of the served gradients; tests/slipstream/serve/test_serve_dist.py checks its numbers). The
 expectation: the rows' values and gradients (bulk) go through the main backend, everything else
 Slipstream sends (keys, sizes, flags) through the side group, and TorchRec's own collectives
 never touch the side group.
