@@ -92,3 +92,21 @@ def test_resolve_walks_dataclasses_dicts_and_lists():
 )
 def test_suggestions(typo, expected):
     assert suggest_key(typo, JobConfig) == expected
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("slipstream.negative_downsampling=0.5", "downsampling.rate"),
+        ("slipstream.negatives_per_click=20", "downsampling.negatives_per_click"),
+        ("slipstream.downsampling_guard_steps=5", "downsampling.guard_steps"),
+        ("slipstream.downsampling_max_noise=0.1", "downsampling.max_noise"),
+    ],
+)
+def test_a_moved_key_is_refused_with_its_new_name(old, new):
+    """Negative downsampling left slipstream.* for its own group (issue 28): the old key names
+    the new one, which composes."""
+    with pytest.raises(ConfigError, match=rf"{old.split('=')[0]} is not a configuration key.*did you mean {new}\?"):
+        load_config([old])
+    job = load_config([f"{new}={old.split('=')[1]}"])
+    assert float(getattr(job.downsampling, new.split(".")[1])) == float(old.split("=")[1])

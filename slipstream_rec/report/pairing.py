@@ -4,9 +4,10 @@ A policy's quality cost is measured against ``off`` trained on the same data wit
 (the seed-to-seed spread of AUC, about 0.0005 on this project's data, cancels in each paired
 difference). So every run with a config is placed by three things:
 
-- its **dataset**: every config key except the Slipstream policy's (``slipstream.*``), the seed and
-  the keys that change how a run is operated but not what it learns (``OPERATIONAL_KEYS``). Runs
-  of one dataset differ only in the policy and the seed; a run pairs only within its dataset.
+- its **dataset**: every config key except the Slipstream policy's and negative downsampling's
+  (``slipstream.*``, ``downsampling.*``: the levers compared), the seed and the keys that change
+  how a run is operated but not what it learns (``OPERATIONAL_KEYS``). Runs of one dataset differ
+  only in the policy and the seed; a run pairs only within its dataset.
 - its **series**, one marker on the frontier: the policy as its preset names it (``off``,
   ``paper_plus``, ``serve``, ``random``, ``negative_sampling``, ``paper_plus_negatives``, ...) plus the
   ``slipstream.*`` settings that differ between runs of that policy in the dataset
@@ -41,7 +42,7 @@ STALENESS_POLICIES = ("paper", "paper_plus")
 # still pair with each other.
 OPERATIONAL_KEYS = ("trainer.run_dir", "trainer.seed", "trainer.progress_bar", "trainer.tensorboard",
                     "trainer.resume", "trainer.collective_timeout_s", "trainer.device")
-OPERATIONAL_PREFIXES = ("slipstream.", "trainer.checkpoint.")
+OPERATIONAL_PREFIXES = ("slipstream.", "downsampling.", "trainer.checkpoint.")
 # A random control's skip fraction and first skipped step are set per run from the run it
 # controls: they differ from seed to seed and name no setting of the control.
 MATCHED_PER_RUN = ("random_skip_fraction", "warmup_steps")
@@ -61,7 +62,15 @@ class Placed:
 
 
 def _slipstream(run: Run) -> Dict[str, Any]:
-    return {k[len("slipstream."):]: v for k, v in run.flat_config.items() if k.startswith("slipstream.")}
+    """A run's policy settings: ``slipstream.*``, and negative downsampling's ``downsampling.*``
+    as ``downsampling.<key>``. Runs written before downsampling was its own group kept its rate
+    as ``slipstream.negative_downsampling``: read as ``downsampling.rate``."""
+    flat = run.flat_config
+    out = {k[len("slipstream."):]: v for k, v in flat.items() if k.startswith("slipstream.")}
+    out.update({k: v for k, v in flat.items() if k.startswith("downsampling.")})
+    if "negative_downsampling" in out:
+        out["downsampling.rate"] = out.pop("negative_downsampling")
+    return out
 
 
 def policy_kind(slipstream: Dict[str, Any]) -> str:
@@ -71,9 +80,12 @@ def policy_kind(slipstream: Dict[str, Any]) -> str:
     policy = str(slipstream.get("policy"))
     if slipstream.get("action") == SERVE:  # conf/slipstream/serve.yaml: stale inputs served, not skipped
         return SERVE
-    if policy == RANDOM and slipstream.get("negatives_only"):
+    rate = _number(slipstream.get("downsampling.rate")) or 0
+    # negative_sampling: uniform downsampling with the policy off (before issue 28, the random
+    # control on non-clicks)
+    if (policy == OFF and rate > 0) or (policy == RANDOM and slipstream.get("negatives_only")):
         return NEGATIVE_SAMPLING
-    if policy in STALENESS_POLICIES and (slipstream.get("negative_downsampling") or 0) > 0:
+    if policy in STALENESS_POLICIES and rate > 0:
         return f"{policy}_negatives"
     return policy
 
@@ -158,10 +170,11 @@ def _link_controls(members: List[Placed]) -> None:
                 c.series, c.controls = name, target
     for series in dict.fromkeys(p.series for p in members if p.kind == NEGATIVE_SAMPLING):
         runs = [p for p in members if p.series == series]
-        fraction = _number(_slipstream(runs[0].run).get("random_skip_fraction"))
+        settings = _slipstream(runs[0].run)
+        fraction = _number(settings.get("downsampling.rate")) or _number(settings.get("random_skip_fraction"))
         targets = [s for s in dict.fromkeys(p.series for p in members if p.kind.endswith("_negatives"))
                    if fraction is not None and all(
-                       abs((_number(_slipstream(p.run).get("negative_downsampling")) or 0) - fraction) < 1e-9
+                       abs((_number(_slipstream(p.run).get("downsampling.rate")) or 0) - fraction) < 1e-9
                        for p in members if p.series == s)]
         if len(targets) == 1:
             for c in runs:

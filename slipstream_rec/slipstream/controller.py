@@ -48,7 +48,7 @@ from slipstream_rec.slipstream.serve.lever import SETTLE_STEPS, ServeLever, Wind
 from slipstream_rec.slipstream.stream import SkippingStream, StreamTotals
 from slipstream_rec.slipstream.threshold import StaleThreshold
 from slipstream_rec.slipstream.tracker import NoTracking, StalenessTracker, hot_budget_bytes
-from slipstream_rec.slipstream.types import Downsampling, NoDownsampling
+from slipstream_rec.slipstream.types import NO_DOWNSAMPLING, Downsampling
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class SlipstreamController:
         batch_size: int,
         seed: int,
         rank: int,
-        downsampling: Optional[Downsampling] = None,
+        downsampling: Downsampling = NO_DOWNSAMPLING,
     ) -> None:
         cfg.validate()
         self.cfg, self.batch_size, self.is_rank0 = cfg, batch_size, rank == 0
@@ -98,7 +98,7 @@ class SlipstreamController:
             if cfg.classifies
             else KeepAll()
         )
-        self.downsampling = downsampling if downsampling is not None else NoDownsampling()
+        self.downsampling = downsampling  # negative downsampling's drop on the data side
         self.stream: Optional[SkippingStream] = None
         self.streams_done = StreamTotals()  # the epochs' streams before the running one
         self.step = 0

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Protocol
 
 import torch
 
-__all__ = ["Downsampling", "NoDownsampling"]
+__all__ = ["Downsampling", "NO_DOWNSAMPLING", "NoDownsampling"]
 
 
 class Downsampling(Protocol):
@@ -35,3 +35,6 @@ class NoDownsampling:
 
     def choose_from_labels(self, labels: Optional[torch.Tensor], step: int) -> None:
         return None
+
+
+NO_DOWNSAMPLING = NoDownsampling()  # stateless: one instance serves every controller without one

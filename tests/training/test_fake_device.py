@@ -50,7 +50,8 @@ def _server_on(device: torch.device) -> StaleServer:
     from slipstream_rec.slipstream.rows import RowIndex
 
     index = RowIndex(FEATURES, ROWS)
-    tracker = SimpleNamespace(units=units, modules=[SimpleNamespace(counting=True, use_variable_batch=lambda: None)], feature_index={f: i for i, f in enumerate(FEATURES)})
+    tracker = SimpleNamespace(units=units, modules=[SimpleNamespace(use_variable_batch=lambda: None)], counting=True,
+                              feature_index={f: i for i, f in enumerate(FEATURES)})  # fmt: skip
     server = StaleServer(tracker, index)  # no process group: the dim agreement is local
     keys = torch.cat([index.to_flat(i, torch.tensor(REPLICA[f])) for i, f in enumerate(FEATURES)])
     g = torch.Generator().manual_seed(1)
