@@ -9,8 +9,9 @@ the means, the paired differences to ``off`` (test AUC, bytes, samples/s ratio) 
 ``samples_trained`` equals ``off``'s.
 
 A setting is ``label=override,override,...`` (its overrides on top of the common ones); ``off``
-is always run. ``--curve`` adds serve at several targets D (``slipstream.target_skip_fraction``):
-the served fraction against the paired test AUC.
+is always run, and ``serve`` unless ``--no-serve`` (another lever measured against ``off``).
+``--curve`` adds serve at several targets D (``slipstream.target_skip_fraction``): the served
+fraction against the paired test AUC.
 
     .venv/bin/python benchmarks/serve.py --name clicklog --seeds 3
     .venv/bin/python benchmarks/serve.py --name clicklog_raw --seeds 3 data.clicklog.base_ctr=0.02
@@ -42,7 +43,9 @@ def run(choice: List[str], nproc: int, overrides: List[str], run_dir: Path) -> D
 
 
 def settings_from(args: argparse.Namespace) -> Dict[str, List[str]]:
-    settings = {"off": ["slipstream=off"], "serve": ["slipstream=serve"]}
+    settings = {"off": ["slipstream=off"]}
+    if not args.no_serve:
+        settings["serve"] = ["slipstream=serve"]
     for spec in args.setting:
         label, _, overrides = spec.partition("=")
         settings[label] = [o for o in overrides.split(",") if o]
@@ -89,6 +92,8 @@ def main() -> None:
     p.add_argument("--setting", action="append", default=[], metavar="LABEL=OVERRIDES",
                    help="another setting, e.g. serve_t05=slipstream=serve,slipstream.max_threshold=0.05")
     p.add_argument("--curve", default="", metavar="D,D,...", help="serve at these targets D too")
+    p.add_argument("--no-serve", action="store_true",
+                   help="no serve setting: only off and the --setting ones (another lever against off)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides applied to every run")
     args = p.parse_args()
     settings = settings_from(args)
