@@ -555,3 +555,33 @@ def test_the_preset_defaults_table_quotes_its_run():
             assert float(cells[8]) == round(row["test_auc"] - off["test_auc"], 4), cells
             assert run["serve_lever"]["serve_when"] == "auto", run["serve_lever"]
     assert {run["precision"]["chosen"] for run in runs.values()} == {"bf16"}
+
+
+# ---- quantized comms and the fp16 DDP hook against off (docs/performance.md) -------------------
+# Each row: its results file, its setting; bytes and AUC recomputed from the per-seed records.
+QCOMMS_ROWS = {
+    ("qcomms + fp16 hook", "the planner's", False): ("serve_qcomms_clicklog", "qcomms"),
+    ("qcomms + fp16 hook, `clicklog_raw`", "the planner's", False): ("serve_qcomms_clicklog_raw", "qcomms"),
+    ("qcomms alone", "the planner's", False): ("serve_qcomms_parts_clicklog", "qcomms_only"),
+    ("fp16 hook alone", "`off`'s", False): ("serve_qcomms_parts_clicklog", "hook_only"),
+    ("qcomms + fp16 hook", "`off`'s, pinned", False): ("serve_qcomms_offplan_clicklog", "qcomms"),
+}
+
+
+def test_the_qcomms_table_quotes_its_runs():
+    rows = _rows("docs/performance.md", "| setting | plan | bytes per sample vs `off` (program's count) |")
+    assert len(rows) == len(QCOMMS_ROWS)
+    for row in rows:
+        name, setting = QCOMMS_ROWS[(row[0], row[1], False)]
+        data = json.loads((RESULTS / f"{name}.json").read_text())
+        runs, off = data["runs"][setting], data["runs"]["off"]  # per seed, in seed order
+        assert len(runs) == len(off) == data["seeds"] == 3
+
+        def ratio(kinds):  # the mean over seeds of each seed's bytes against off's
+            per_seed = [sum(a["a2a_bytes_per_sample"].get(k, 0) for k in kinds)
+                        / sum(b["a2a_bytes_per_sample"].get(k, 0) for k in kinds) for a, b in zip(runs, off)]
+            return sum(per_seed) / len(per_seed)
+
+        _check(row[2].replace("*", ""), [ratio(["total"]), ratio(["embedding", "push", "replica"])])
+        paired = [a["test_auc"] - b["test_auc"] for a, b in zip(runs, off)]
+        _check(row[3], [sum(paired) / len(paired), *paired])
