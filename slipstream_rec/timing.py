@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Dict, Iterator
+from typing import Any, Iterator
 
 __all__ = ["timed"]
 
 
 @contextlib.contextmanager
-def timed(seconds: Dict[str, float], key: str) -> Iterator[None]:
-    """Add the wall time of the block to ``seconds[key]`` (also when it raises)."""
+def timed(holder: Any, key: str) -> Iterator[None]:
+    """Add the wall time of the block to ``holder[key]`` (a dict of seconds) or to the attribute
+    ``key`` of ``holder`` (also when the block raises)."""
     start = time.perf_counter()
     try:
         yield
     finally:
-        seconds[key] += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        if isinstance(holder, dict):
+            holder[key] += elapsed
+        else:
+            setattr(holder, key, getattr(holder, key) + elapsed)

@@ -36,6 +36,7 @@ from torch import nn
 
 from slipstream_rec.data.types import Batch
 from slipstream_rec.sharding.sharded import SlipstreamShardedEBC
+from slipstream_rec.timing import timed
 from slipstream_rec.slipstream import resume, stats
 from slipstream_rec.slipstream.config import SlipstreamConfig
 from slipstream_rec.slipstream.decide import KeepAll, SkipDecider
@@ -123,14 +124,13 @@ class SlipstreamController:
     def on_host_batch(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
         """(keep, weights) of a raw batch: the non-clicks downsampling drops, then the policy's
         decision on what remains (``SkippingStream`` calls it as it classifies)."""
-        t0 = time.perf_counter()
-        dropped = self.downsampling.drop_mask(batch.labels)  # None at rate 0
-        keep, weights = self.decider(batch, dropped)
-        if self.first_skip_step is None and self.cfg.skips and not bool(keep.all()):
-            self.first_skip_step = self.step
-        if dropped is not None:  # a decider that keeps everything keeps no dropped sample either
-            keep = keep & ~dropped
-        self.seconds["classify"] += time.perf_counter() - t0
+        with timed(self.seconds, "classify"):
+            dropped = self.downsampling.drop_mask(batch.labels)  # None at rate 0
+            keep, weights = self.decider(batch, dropped)
+            if self.first_skip_step is None and self.cfg.skips and not bool(keep.all()):
+                self.first_skip_step = self.step
+            if dropped is not None:  # a decider that keeps everything keeps no dropped sample either
+                keep = keep & ~dropped
         return keep, weights
 
     def wrap(
@@ -189,9 +189,8 @@ class SlipstreamController:
         self.tracker.set_counting(sched.counts(step + 1))
         snapshot = sched.snapshot(step)
         if sched.sync(step) and not snapshot and self.lever.serves:
-            t0 = time.perf_counter()
-            self.server.resync()  # all ranks: the rows the push just moved
-            self.seconds["sync"] += time.perf_counter() - t0
+            with timed(self.seconds, "sync"):
+                self.server.resync()  # all ranks: the rows the push just moved
         if not snapshot:
             return None
         t0 = time.perf_counter()

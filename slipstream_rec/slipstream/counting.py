@@ -10,12 +10,12 @@ the KJT's keys, which are its units' features in KJT order. Local: no collective
 
 from __future__ import annotations
 
-import time
 from typing import Any, Dict, List, Tuple
 
 import torch
 
 from slipstream_rec.sharding.sharded import ShardUnit
+from slipstream_rec.timing import timed
 
 __all__ = ["LookupCounter"]
 
@@ -42,17 +42,16 @@ class LookupCounter:
         """Add one sharding group's lookups (its post-all-to-all KJT) to its local shards' sparse
         counts: a sort of the step's ids, so the cost follows the lookups and the memory the
         distinct rows looked up."""
-        start = time.perf_counter()
-        keys = tuple(features.keys())
-        if id(module) not in self._groups:
-            self._groups[id(module)] = groups_by_keys(module.units)
-        units = self._groups[id(module)].get(keys)
-        assert units is not None or not keys, f"a sharding group's keys {keys} match no local shard"
-        if units:
-            parts = torch.split(features.values(), features.length_per_key())  # feature-major
-            for unit in units:
-                unit.add_counts(parts[unit.position])
-        self.seconds += time.perf_counter() - start
+        with timed(self, "seconds"):
+            keys = tuple(features.keys())
+            if id(module) not in self._groups:
+                self._groups[id(module)] = groups_by_keys(module.units)
+            units = self._groups[id(module)].get(keys)
+            assert units is not None or not keys, f"a sharding group's keys {keys} match no local shard"
+            if units:
+                parts = torch.split(features.values(), features.length_per_key())  # feature-major
+                for unit in units:
+                    unit.add_counts(parts[unit.position])
 
 
 def groups_by_keys(units: List[ShardUnit]) -> Groups:

@@ -9,7 +9,6 @@ serve pushes the served lookups' gradients there).
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, Optional
 
@@ -101,11 +100,10 @@ def timed_batches(batches: Iterator[Any], state: Any, pin: bool) -> Iterator[Any
     (non_blocking) overlaps with compute. The copy into page-locked memory is on the host,
     counted in data_seconds."""
     while True:
-        start = time.perf_counter()
-        batch = next(batches, None)
-        if batch is not None and pin:
-            batch = batch.pin_memory()
-        state.data_seconds += time.perf_counter() - start
+        with timed(state, "data_seconds"):
+            batch = next(batches, None)
+            if batch is not None and pin:
+                batch = batch.pin_memory()
         if batch is None:
             return
         yield batch

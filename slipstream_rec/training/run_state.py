@@ -1,6 +1,7 @@
-"""The trainer's state (``TrainState``) and its part of a checkpoint: its counters, the LR schedule, RNG, the data position with
-the batches in flight, Slipstream's and negative downsampling's state, the byte meters and the
-precision's decision (model and optimizers go through DCP, ``checkpoint/manager.py``)."""
+"""The trainer's state (``TrainState``) and its part of a checkpoint: its counters, the LR
+schedule, RNG, the data position with the batches in flight, Slipstream's and negative
+downsampling's state, the byte meters and the precision's decision (model and optimizers go
+through DCP, ``checkpoint/manager.py``)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def state_dict(trainer: "Trainer") -> Dict[str, Any]:
     return {
         "world_size": trainer.env.world_size, "trainer": st, "scheduler": trainer.scheduler.state_dict(),
         "rng": capture_rng(), "slipstream": trainer.slipstream.state_dict(),
-        "downsampling": trainer.downsampling.state_dict(), "position": position, "traffic": traffic_state(trainer.model),
+        "downsampling": trainer.downsampling.state_dict(), "position": position,
+        "traffic": traffic_state(trainer.model),
         "precision_probe": probe.state_dict() if probe else None,
         "precision": [trainer.precision.value, trainer.precision_reason],
     }  # fmt: skip

@@ -23,6 +23,7 @@ from slipstream_rec.data.batch_ops import batch_from_state
 from slipstream_rec.distributed import DistEnv
 from slipstream_rec.slipstream import stats
 from slipstream_rec.slipstream.controller import SlipstreamController
+from slipstream_rec.timing import timed
 from slipstream_rec.training.config import Precision, TrainerConfig
 from slipstream_rec.training.downsampling import NegativeDownsampler
 from slipstream_rec.training import run_state
@@ -248,11 +249,12 @@ class Trainer:
         step = self.state.step
         if self.checkpointer is None or self.checkpointer.last_step == step:
             return
-        t0 = time.perf_counter()
-        path = self.checkpointer.save(step, self.state_dict())
-        self.state.checkpoint_seconds += time.perf_counter() - t0
+        before = self.state.checkpoint_seconds
+        with timed(self.state, "checkpoint_seconds"):
+            path = self.checkpointer.save(step, self.state_dict())
         self.checkpointer.mark_saved(step, self.clock.live())
-        self.log.log("checkpoint", step, {"path": str(path), "seconds": round(time.perf_counter() - t0, 3)})
+        seconds = round(self.state.checkpoint_seconds - before, 3)
+        self.log.log("checkpoint", step, {"path": str(path), "seconds": seconds})
 
     def state_dict(self) -> Dict[str, Any]:
         """This rank's part of a checkpoint, besides model and optimizers (which go through DCP)."""
@@ -264,9 +266,8 @@ class Trainer:
 
     def _evaluate(self, split: str, loader: Any) -> Dict[str, float]:
         """Pause the pipeline (its in-flight batches are kept), evaluate, resume on next step."""
-        t0 = time.perf_counter()
-        result = evaluate(self._paused_model(), loader, self.env.device, self.eval_logit_offset())
-        self.state.eval_seconds += time.perf_counter() - t0
+        with timed(self.state, "eval_seconds"):
+            result = evaluate(self._paused_model(), loader, self.env.device, self.eval_logit_offset())
         record = {"split": split, "samples_trained": self.state.samples_trained, **result}
         self.state.history.append({"step": self.state.step, **record})
         self.log.log("eval", self.state.step, record)

@@ -39,7 +39,6 @@ the controller measures, agrees and applies it (``controller.py``).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
@@ -48,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.timing import timed
 from slipstream_rec.slipstream import stats
 from slipstream_rec.slipstream.config import ServeWhen, SlipstreamConfig
 
@@ -286,24 +286,24 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
         ctl.window_clock.mark(step, stats.tracking_seconds(ctl))
     if not sched.window_end(step):
         return
-    t0 = time.perf_counter()
-    measured = None
-    if lever.timed:
-        measured = ctl.window_clock.measure(step, lever.serves, stats.tracking_seconds(ctl), ctl.count_control)
-    ctl.window_clock.reset()
-    before = lever.state
-    after = lever.window_end(step, measured, ready=ctl.server.rows > 0)
-    if after is not None:  # all ranks take the same transition at the same step
-        ctl.plan.paused = not after.serves
-        if after is LeverState.down:
-            ctl.server.rebuild(torch.zeros(0, dtype=torch.int64))  # the replica emptied
-        elif before is LeverState.down:
-            # Looking again: the snapshots stopped while stood down, so this one re-bases the hot
-            # rows' changes and the next measures them over one interval.
-            ctl.tracker.snapshot()
-        elif after.serves and not before.serves:
-            ctl.server.rebuild(ctl.threshold.stale_now(step))  # the rows that moved meanwhile
-        ctl.tracker.set_counting(lever.tracks and sched.counts(step + 1))
-        if ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
-            logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])
-    ctl.seconds["lever"] += time.perf_counter() - t0
+    with timed(ctl.seconds, "lever"):
+        measured = None
+        if lever.timed:
+            tracking = stats.tracking_seconds(ctl)
+            measured = ctl.window_clock.measure(step, lever.serves, tracking, ctl.count_control)
+        ctl.window_clock.reset()
+        before = lever.state
+        after = lever.window_end(step, measured, ready=ctl.server.rows > 0)
+        if after is not None:  # all ranks take the same transition at the same step
+            ctl.plan.paused = not after.serves
+            if after is LeverState.down:
+                ctl.server.rebuild(torch.zeros(0, dtype=torch.int64))  # the replica emptied
+            elif before is LeverState.down:
+                # Looking again: the snapshots stopped while stood down, so this one re-bases
+                # the hot rows' changes and the next measures them over one interval.
+                ctl.tracker.snapshot()
+            elif after.serves and not before.serves:
+                ctl.server.rebuild(ctl.threshold.stale_now(step))  # the rows that moved meanwhile
+            ctl.tracker.set_counting(lever.tracks and sched.counts(step + 1))
+            if ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
+                logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])

@@ -13,13 +13,13 @@ points of every step, all on step numbers every rank shares:
 
 from __future__ import annotations
 
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from slipstream_rec.distributed import all_reduce_
+from slipstream_rec.timing import timed
 from slipstream_rec.slipstream.config import SlipstreamConfig, SyncPrecision
 from slipstream_rec.slipstream.serve.push import ServedGradients
 from slipstream_rec.slipstream.serve.replica import StaleReplica
@@ -86,17 +86,16 @@ class StaleServer:
         sums (all ranks: ``sync_step`` is the same on every rank)."""
         served = task.take_served()
         if served is not None and served[1].grad is not None:
-            t0 = time.perf_counter()
             rows = served[0]  # ServedRows, keyed on the host when the batch was split
-            self.grads.add(rows, served[1].grad)
-            self.sum_seconds += time.perf_counter() - t0
+            with timed(self, "sum_seconds"):
+                self.grads.add(rows, served[1].grad)
             if self.tracker.counting:
                 self._counts.append((rows.keys, rows.counts))  # host tensors: no read back
         if sync_step:
-            t0 = time.perf_counter()
-            sent = self.grads.push(self.tracker.units, self.tracker.feature_index)  # all ranks
-            self.tracker.modules[0].a2a_bytes["push"] = self.tracker.modules[0].a2a_bytes.get("push", 0) + sent
-            self.push_seconds += time.perf_counter() - t0
+            with timed(self, "push_seconds"):
+                sent = self.grads.push(self.tracker.units, self.tracker.feature_index)  # all ranks
+                meter = self.tracker.modules[0].a2a_bytes
+                meter["push"] = meter.get("push", 0) + sent
 
     def take_counts(self) -> Optional[Counts]:
         """The served lookups counted since the last call, merged; None if there were none."""
