@@ -9,13 +9,23 @@ the means, the paired differences to ``off`` (test AUC, bytes, samples/s ratio) 
 ``samples_trained`` equals ``off``'s.
 
 A setting is ``label=override,override,...`` (its overrides on top of the common ones); ``off``
-is always run, and ``serve`` unless ``--no-serve`` (another lever measured against ``off``).
+is always run (``slipstream=off``, or the overrides ``--off`` gives: the reference every other
+setting is paired with), and ``serve`` unless ``--no-serve`` (another lever measured against
+``off``).
 ``--curve`` adds serve at several targets D (``slipstream.target_skip_fraction``): the served
 fraction against the paired test AUC.
 
     .venv/bin/python benchmarks/serve.py --name clicklog --seeds 3
     .venv/bin/python benchmarks/serve.py --name clicklog_raw --seeds 3 data.clicklog.base_ctr=0.02
     .venv/bin/python benchmarks/serve.py --name quick_curve --seeds 2 --curve 0.3,0.6,0.9 experiment=clicklog_quick
+
+How far apart the runs of one seed land when nothing but the rounding and the embedding tables'
+random initial values changes (the noise floor of a paired AUC; docs/performance.md):
+
+    .venv/bin/python benchmarks/serve.py --name auc_noise_clicklog --seeds 3 --no-serve \
+        --off slipstream=off,trainer.precision=fp32,sharding=table_wise \
+        --setting init=slipstream=off,trainer.precision=fp32,sharding=row_wise \
+        --setting bf16=slipstream=off,trainer.precision=bf16,sharding=table_wise
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ def run(choice: List[str], nproc: int, overrides: List[str], run_dir: Path) -> D
 
 
 def settings_from(args: argparse.Namespace) -> Dict[str, List[str]]:
-    settings = {"off": ["slipstream=off"]}
+    settings = {"off": [o for o in args.off.split(",") if o]}
     if not args.no_serve:
         settings["serve"] = ["slipstream=serve"]
     for spec in args.setting:
@@ -91,6 +101,8 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--setting", action="append", default=[], metavar="LABEL=OVERRIDES",
                    help="another setting, e.g. serve_t05=slipstream=serve,slipstream.max_threshold=0.05")
+    p.add_argument("--off", default="slipstream=off", metavar="OVERRIDES",
+                   help="the reference setting's overrides, comma-separated (default: slipstream=off)")
     p.add_argument("--curve", default="", metavar="D,D,...", help="serve at these targets D too")
     p.add_argument("--no-serve", action="store_true",
                    help="no serve setting: only off and the --setting ones (another lever against off)")

@@ -585,3 +585,22 @@ def test_the_qcomms_table_quotes_its_runs():
         _check(row[2].replace("*", ""), [ratio(["total"]), ratio(["embedding", "push", "replica"])])
         paired = [a["test_auc"] - b["test_auc"] for a, b in zip(runs, off)]
         _check(row[3], [sum(paired) / len(paired), *paired])
+
+
+# ---- the paired AUC's noise floor (docs/performance.md) -----------------------------------------
+# Each row: its setting in serve_auc_noise_clicklog.json; the paired AUCs recomputed per seed.
+NOISE_ROWS = {"`init`": "init", "`bf16`": "bf16"}
+
+
+def test_the_noise_floor_table_quotes_its_run():
+    rows = _rows("docs/performance.md", "| setting against `off` | what differs | paired test AUC (per seed) |")
+    assert [row[0] for row in rows] == list(NOISE_ROWS)
+    data = json.loads((RESULTS / "serve_auc_noise_clicklog.json").read_text())
+    off = data["runs"]["off"]  # per seed, in seed order
+    assert data["settings"]["off"] == ["slipstream=off", "trainer.precision=fp32", "sharding=table_wise"]
+    for row in rows:
+        runs = data["runs"][NOISE_ROWS[row[0]]]
+        assert len(runs) == len(off) == data["seeds"] == 3
+        assert [a["samples_trained"] for a in runs] == [b["samples_trained"] for b in off]
+        paired = [a["test_auc"] - b["test_auc"] for a, b in zip(runs, off)]
+        _check(row[2], [sum(paired) / len(paired), *paired])
