@@ -134,6 +134,10 @@ class SlipstreamConfig:
     # auto: windows before the first re-check of a decision (serving: one window without it;
     # stood down: tracking resumes to look again); each re-check that confirms it doubles the wait.
     serve_recheck_windows: int = 8
+    # auto: the most a re-check may cost of the steps it waits for. Its window in the losing
+    # state costs (slower / faster - 1) of a window, so the wait is at least that over this
+    # many windows (0.01: serving 20% slower looks again after 20 windows at the soonest).
+    serve_look_budget: float = 0.01
     # Re-decide staleness at every snapshot, so a stale row that moves again is re-activated.
     # false: a row found stale stays stale for the rest of training (the paper).
     reactivate: bool = True
@@ -221,6 +225,7 @@ class SlipstreamConfig:
              "at least 4 steps (the first 2 of a window are not timed)"),
             ("serve_min_gain", -1 < self.serve_min_gain < 1, "a fraction in (-1, 1) (0.02: 2% faster)"),
             ("serve_recheck_windows", self.serve_recheck_windows >= 1, "at least 1 window"),
+            ("serve_look_budget", 0 < self.serve_look_budget <= 1, "a fraction in (0, 1] (0.01: 1% of the wait)"),
             (
                 "serve_when",
                 self.serve_when is ServeWhen.always or self.action is Action.serve,

@@ -26,8 +26,11 @@ emptied, and every window's step time keeps the estimate without serving fresh; 
 the rows' changes (``looking``), the next snapshot finds the stale rows again, and one window
 serving decides. A re-check costs a window in the losing state, so each one that confirms the
 decision doubles the windows until the next (``span``); one that reverses it starts again from
-``serve_recheck_windows``. Each decision, its two figures and its reason is a record
-(``decisions``).
+``serve_recheck_windows``. And the wait is never shorter than what keeps that cost within
+``serve_look_budget`` of the steps waited: a window in the losing state costs (slower / faster
+- 1) of a window's steps, so at a budget of 1% a look where serving was 49% slower waits at
+least 49 windows (``look_windows``): the further apart the two figures, the rarer the look.
+Each decision, its two figures and its reason is a record (``decisions``).
 
 The first ``SETTLE_STEPS`` steps of a window (plus ``trainer.lockstep_every_steps`` - 1, whose
 batches are split that much further ahead) are not timed: the batches the pipeline prefetched
@@ -39,6 +42,7 @@ the controller measures, agrees and applies it (``controller.py``).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
@@ -86,6 +90,15 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
     return None if seconds is None else round(1e3 * seconds, 3)
 
 
+def look_windows(on_s: float, off_s: float, budget: float) -> int:
+    """The fewest windows to wait before a re-check that runs one window in the losing state,
+    for that window's extra time (slower / faster - 1 of a window) to stay within ``budget`` of
+    the steps waited."""
+    slow, fast = max(on_s, off_s), min(on_s, off_s)
+    loss = slow / fast - 1.0 if fast > 0 else 0.0
+    return max(1, math.ceil(loss / budget - 1e-9))
+
+
 def window_steps(requested: int, snapshot_interval: int) -> int:
     """The lever's window: ``requested`` steps rounded up to a multiple of the snapshot interval."""
     return max(1, -(-requested // snapshot_interval)) * snapshot_interval
@@ -98,6 +111,7 @@ class ServeLever:
     auto: bool = False
     min_gain: float = 0.02  # slipstream.serve_min_gain
     recheck_windows: int = 8  # slipstream.serve_recheck_windows
+    look_budget: float = 0.01  # slipstream.serve_look_budget
     window: int = 50  # steps per window (window_steps)
     state: LeverState = LeverState.waiting
     on_s: Optional[float] = None  # seconds per step serving, latest measured window
@@ -121,7 +135,7 @@ class ServeLever:
         """``serve_when=auto`` under serve; serving always (never timed) otherwise."""
         return cls(
             auto=cfg.serves and cfg.serve_when is ServeWhen.auto, min_gain=cfg.serve_min_gain,
-            recheck_windows=cfg.serve_recheck_windows,
+            recheck_windows=cfg.serve_recheck_windows, look_budget=cfg.serve_look_budget,
             window=window_steps(cfg.serve_window_steps, cfg.snapshot_interval),
         )  # fmt: skip
 
@@ -186,11 +200,19 @@ class ServeLever:
         self.state = LeverState.serving if pays else LeverState.down
         # a re-check that confirms the last decision doubles the wait before the next one
         confirmed = bool(self.decisions) and self.decisions[-1]["to"] == self.state.value
-        self.span = 2 * (self.span or self.recheck_windows) if confirmed else self.recheck_windows
+        span = 2 * (self.span or self.recheck_windows) if confirmed else self.recheck_windows
+        # ... and never so soon that its window in the losing state costs over the budget
+        budgeted = look_windows(self.on_s, self.off_s, self.look_budget)
+        self.span = max(span, budgeted)
         again = self.span * self.window
+        if budgeted > span:
+            loss = max(self.on_s, self.off_s) / min(self.on_s, self.off_s) - 1.0
+            again = f"{again} steps (a window {100 * loss:.0f}% slower, within {100 * self.look_budget:g}% of the wait)"
+        else:
+            again = f"{again} steps"
         verdict = (
-            f"serve, re-checked in {again} steps" if pays
-            else f"stand down (no serving, counting or snapshots), look again in {again} steps"
+            f"serve, re-checked in {again}" if pays
+            else f"stand down (no serving, counting or snapshots), look again in {again}"
         )  # fmt: skip
         self._record(
             step, before,

@@ -3,13 +3,16 @@ with serving is measurably faster than one without; otherwise stand down and loo
 
 import pytest
 
-from slipstream_rec.slipstream.serve.lever import LeverState, ServeLever, window_steps
+from slipstream_rec.slipstream.serve.lever import LeverState, ServeLever, look_windows, window_steps
 
 S = LeverState
 
 
 def lever(**kw):
-    return ServeLever(auto=True, min_gain=kw.pop("min_gain", 0.02), recheck_windows=kw.pop("recheck", 3), window=50, **kw)
+    # look_budget 1: a window's cost never lengthens the waits of these short walks (see the
+    # budget's own tests below)
+    return ServeLever(auto=True, min_gain=kw.pop("min_gain", 0.02), recheck_windows=kw.pop("recheck", 3), window=50,
+                      look_budget=kw.pop("look_budget", 1.0), **kw)  # fmt: skip
 
 
 def walk(lv, figures, ready=True, start=100):
@@ -119,6 +122,34 @@ def test_state_round_trips():
         lv.state, lv.on_s, lv.off_s, lv.since, lv.entered, lv.span)
     assert lv.entered == 200  # the window end that stood serving down
     assert again.decisions == lv.decisions
+
+
+@pytest.mark.parametrize("on, off, budget, expected", [
+    (1.49, 1.0, 0.01, 49),  # serving 49% slower: a look costs 0.49 of a window
+    (1.0, 1.2, 0.01, 20),  # serving pays by 1.2x: a re-check without it costs 0.2 of a window
+    (1.2, 1.0, 0.1, 2),  # exactly at the budget: no window more than needed
+    (1.0, 1.0, 0.01, 1),
+])  # fmt: skip
+def test_look_windows_keep_a_window_in_the_losing_state_within_the_budget(on, off, budget, expected):
+    assert look_windows(on, off, budget) == expected
+
+
+def test_the_further_serving_loses_the_later_it_looks_again():
+    lv = lever(recheck=2, look_budget=0.01)
+    walk(lv, [None, 0.0149, 0.0100])  # serving 49% slower
+    assert lv.state is S.down and lv.span == 49
+    assert "look again in 2450 steps (a window 49% slower, within 1% of the wait)" in lv.decisions[-1]["reason"]
+    assert walk(lv, [0.01] * 49, start=250) == [S.down] * 48 + [S.looking]
+    # a confirming look doubles the wait where that is longer than the budget asks
+    walk(lv, [None, 0.0103], start=2700)  # 3% slower: the budget asks 3 windows, doubling 98
+    assert lv.state is S.down and lv.span == 98 and lv.decisions[-1]["reason"].endswith("look again in 4900 steps")
+
+
+def test_serving_that_pays_well_is_rechecked_rarely():
+    lv = lever(recheck=2, look_budget=0.01)
+    walk(lv, [None, 0.010, 0.012])  # a window without serving costs 20% of a window
+    assert lv.state is S.serving and lv.span == 20
+    assert walk(lv, [0.01] * 20, start=250) == [S.serving] * 19 + [S.probe_off]
 
 
 @pytest.mark.parametrize("requested, interval, expected", [(50, 50, 50), (50, 20, 60), (1, 50, 50), (120, 50, 150)])

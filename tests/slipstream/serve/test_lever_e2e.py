@@ -19,8 +19,10 @@ from tests._fixtures import BIN, _run
 
 WINDOW = 20
 RECHECK = {"costly": 4, "tolerated": 2}  # costly: its second decision (step 220) clear of the epoch end (200)
+# serve_look_budget=1: the waits follow RECHECK alone (at the default 1%, serving twice as slow
+# would wait 100 windows before looking again: past these runs' end)
 LEVER = ["slipstream=serve", "slipstream.serve_when=auto", f"slipstream.serve_window_steps={WINDOW}",
-         "downsampling=off"]  # fmt: skip
+         "slipstream.serve_look_budget=1", "downsampling=off"]  # fmt: skip
 
 
 def _records(run_dir, kind):
