@@ -604,3 +604,46 @@ def test_the_noise_floor_table_quotes_its_run():
         assert [a["samples_trained"] for a in runs] == [b["samples_trained"] for b in off]
         paired = [a["test_auc"] - b["test_auc"] for a, b in zip(runs, off)]
         _check(row[2], [sum(paired) / len(paired), *paired])
+
+
+def test_the_ceiling_table_quotes_its_run():
+    """off and the defaults, unshaped and over 1gbit at dim 128 (docs/results/serve.md)."""
+    doc = json.loads((RESULTS / "network_ceiling_clicklog_dim128.json").read_text())
+    rows = _rows("docs/results/serve.md", "| job | link | train s | vs `off` on that link |")
+    table = {(r["job"], r["rate"]): r for r in doc["table"]}
+    runs = {(r["job"], r["rate"]): r for r in doc["runs"]}
+    assert len(rows) == len(table) == 4
+    for cells in rows:
+        key = ("off" if cells[0] == "`slipstream=off`" else cells[0], cells[1])
+        row, run, off = table[key], runs[key], table[("off", cells[1])]
+        assert float(cells[2]) == round(row["train_seconds"], 1), cells
+        assert float(cells[4]) == round(row["wire_train_bytes_per_sample"]), cells
+        assert float(cells[5]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        if key[0] == "off":
+            assert cells[3] == cells[6] == cells[7] == "", cells
+            continue
+        assert cells[3] == f"{off['train_seconds'] / row['train_seconds']:.3f}x", cells
+        breakdown = run["time_breakdown_rank0"]
+        assert [float(cells[6]), float(cells[7])] == [round(breakdown["slipstream"], 1), round(breakdown["serving"], 1)]
+    assert doc["communication_share"]["by_rate"]["1gbit"] == pytest.approx(0.478, abs=5e-4)
+    decisions = runs[("defaults", "none")]["serve_lever"]["decisions"]
+    assert [(d["step"], d["to"], d["serving_ms_per_step"], d["standing_down_ms_per_step"]) for d in decisions] == [
+        (170, "down", 215.364, 144.891), (670, "down", 202.88, 145.717)]
+
+
+def test_the_look_budget_table_quotes_its_run():
+    """The decisions' cost after serve_look_budget (docs/performance.md, the levers measured)."""
+    runs = json.loads((RESULTS / "headline_look_budget.json").read_text())["results"]["clicklog"]["runs"]
+    rows = _rows("docs/performance.md", "| arm | train s (per seed) | against `off` + bf16 (per seed) |")
+    arms = {"`off` (fp32)": "off", "defaults": "defaults", "`off` + bf16 and downsampling": "off_auto"}
+    assert [arms[r[0]] for r in rows] == ["off", "defaults", "off_auto"]
+    seconds = {arm: [x["train_seconds"] for x in runs[arm]] for arm in arms.values()}
+    for r in rows:
+        arm = arms[r[0]]
+        _check(r[1], [statistics.mean(seconds[arm]), *seconds[arm]])
+        cost = [a / b for a, b in zip(seconds[arm], seconds["off_auto"])]
+        _check(r[2], [statistics.mean(cost), *cost] if arm == "defaults" else [])
+        paired = [a["test_auc"] - b["test_auc"] for a, b in zip(runs[arm], runs["off"])]
+        _check(r[3], [statistics.mean(paired), *paired] if arm != "off" else [])
+    for run in runs["defaults"]:  # one decision each: stood down, no second look
+        assert [(d["step"], d["to"]) for d in run["serve_lever"]["decisions"]] == [(170, "down")]
