@@ -647,3 +647,16 @@ def test_the_look_budget_table_quotes_its_run():
         _check(r[3], [statistics.mean(paired), *paired] if arm != "off" else [])
     for run in runs["defaults"]:  # one decision each: stood down, no second look
         assert [(d["step"], d["to"]) for d in run["serve_lever"]["decisions"]] == [(170, "down")]
+
+
+def test_the_unshaped_look_budget_run_is_quoted():
+    doc = json.loads((RESULTS / "network_unshaped_look_budget_dim128.json").read_text())
+    runs = {r["job"]: r for r in doc["runs"]}
+    text = (ROOT / "docs/results/serve.md").read_text()
+    off, defaults = runs["off"]["train_seconds"], runs["defaults"]["train_seconds"]
+    (decision,) = runs["defaults"]["serve_lever"]["decisions"]
+    quoted = (f"`off` {off:.1f} s, the defaults\n  {defaults:.1f} s ({off / defaults:.3f}x), one decision (step "
+              f"{decision['step']}: {decision['serving_ms_per_step']:.1f} ms a step serving against "
+              f"{decision['standing_down_ms_per_step']:.1f} without, the\n  next look 2150 steps later)")
+    assert quoted in text
+    assert "look again in 2150 steps" in decision["reason"]
