@@ -660,3 +660,25 @@ def test_the_unshaped_look_budget_run_is_quoted():
               f"{decision['standing_down_ms_per_step']:.1f} without, the\n  next look 2150 steps later)")
     assert quoted in text
     assert "look again in 2150 steps" in decision["reason"]
+
+
+def test_the_three_seed_dim128_table_quotes_its_runs():
+    doc = json.loads((RESULTS / "network_serve_always_3seeds_dim128.json").read_text())
+    runs = {(r["job"], r["seed"]): r for r in doc["runs"]}
+    rows = _rows("docs/results/serve.md", "| seed | `off` train s | serve always train s | vs `off` |")
+    assert [int(r[0]) for r in rows] == [0, 1, 2] and doc["seeds"] == 3
+
+    def embedding(run):  # the trainer's wire reading less the dense and data-parallel all-reduces
+        o = run["program_off_rank_bytes_per_sample"]
+        return run["wire_train"]["bytes_per_sample"] - (o["dense"] + o["data_parallel"])
+
+    for cells in rows:
+        off, serve = runs[("off", int(cells[0]))], runs[("serve_always", int(cells[0]))]
+        assert serve["serve_lever"]["serve_when"] == "always" and off["served_fraction"] == 0.0
+        _check(cells[1] + " " + cells[2], [off["train_seconds"], serve["train_seconds"]])
+        assert cells[3] == f"{off['train_seconds'] / serve['train_seconds']:.3f}x", cells
+        _check(cells[4].replace("->", " "), [embedding(off), embedding(serve)])
+        _check(cells[5], [embedding(serve) / embedding(off)])
+        _check(cells[6], [serve["served_fraction"]])
+        _check(cells[7], [serve["test_auc"] - off["test_auc"]])
+        assert serve["samples_trained"] == off["samples_trained"]
