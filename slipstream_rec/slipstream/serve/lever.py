@@ -58,7 +58,10 @@ from slipstream_rec.slipstream.config import ServeWhen, SlipstreamConfig
 if TYPE_CHECKING:  # the controller imports this module
     from slipstream_rec.slipstream.controller import SlipstreamController
 
-__all__ = ["LeverState", "ServeLever", "SETTLE_STEPS", "WindowClock", "lever_window_step", "window_steps"]
+__all__ = [
+    "LeverState", "ServeLever", "SETTLE_STEPS", "WindowClock", "lever_window_step", "look_windows", "window_loss",
+    "window_steps",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +93,16 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
     return None if seconds is None else round(1e3 * seconds, 3)
 
 
-def look_windows(on_s: float, off_s: float, budget: float) -> int:
-    """The fewest windows to wait before a re-check that runs one window in the losing state,
-    for that window's extra time (slower / faster - 1 of a window) to stay within ``budget`` of
-    the steps waited."""
+def window_loss(on_s: float, off_s: float) -> float:
+    """What a window in the losing state costs, as a fraction of a window: slower / faster - 1."""
     slow, fast = max(on_s, off_s), min(on_s, off_s)
-    loss = slow / fast - 1.0 if fast > 0 else 0.0
+    return slow / fast - 1.0 if fast > 0 else 0.0
+
+
+def look_windows(loss: float, budget: float) -> int:
+    """The fewest windows to wait before a re-check that runs one window in the losing state,
+    for that window's extra time (``loss`` of a window, ``window_loss``) to stay within
+    ``budget`` of the steps waited."""
     return max(1, math.ceil(loss / budget - 1e-9))
 
 
@@ -202,14 +209,12 @@ class ServeLever:
         confirmed = bool(self.decisions) and self.decisions[-1]["to"] == self.state.value
         span = 2 * (self.span or self.recheck_windows) if confirmed else self.recheck_windows
         # ... and never so soon that its window in the losing state costs over the budget
-        budgeted = look_windows(self.on_s, self.off_s, self.look_budget)
+        loss = window_loss(self.on_s, self.off_s)
+        budgeted = look_windows(loss, self.look_budget)
         self.span = max(span, budgeted)
-        again = self.span * self.window
+        again = f"{self.span * self.window} steps"
         if budgeted > span:
-            loss = max(self.on_s, self.off_s) / min(self.on_s, self.off_s) - 1.0
-            again = f"{again} steps (a window {100 * loss:.0f}% slower, within {100 * self.look_budget:g}% of the wait)"
-        else:
-            again = f"{again} steps"
+            again += f" (a window {100 * loss:.0f}% slower, within {100 * self.look_budget:g}% of the wait)"
         verdict = (
             f"serve, re-checked in {again}" if pays
             else f"stand down (no serving, counting or snapshots), look again in {again}"

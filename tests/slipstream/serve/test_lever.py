@@ -3,7 +3,7 @@ with serving is measurably faster than one without; otherwise stand down and loo
 
 import pytest
 
-from slipstream_rec.slipstream.serve.lever import LeverState, ServeLever, look_windows, window_steps
+from slipstream_rec.slipstream.serve.lever import LeverState, ServeLever, look_windows, window_loss, window_steps
 
 S = LeverState
 
@@ -131,7 +131,7 @@ def test_state_round_trips():
     (1.0, 1.0, 0.01, 1),
 ])  # fmt: skip
 def test_look_windows_keep_a_window_in_the_losing_state_within_the_budget(on, off, budget, expected):
-    assert look_windows(on, off, budget) == expected
+    assert look_windows(window_loss(on, off), budget) == expected
 
 
 def test_the_further_serving_loses_the_later_it_looks_again():
