@@ -602,7 +602,7 @@ def test_the_noise_floor_table_quotes_its_run():
         runs = data["runs"][NOISE_ROWS[row[0]]]
         assert len(runs) == len(off) == data["seeds"] == 3
         assert [a["samples_trained"] for a in runs] == [b["samples_trained"] for b in off]
-        paired = [a["test_auc"] - b["test_auc"] for a, b in zip(runs, off)]
+        paired = _paired(data["runs"], NOISE_ROWS[row[0]], "off")
         _check(row[2], [sum(paired) / len(paired), *paired])
 
 
@@ -643,7 +643,7 @@ def test_the_look_budget_table_quotes_its_run():
         _check(r[1], [statistics.mean(seconds[arm]), *seconds[arm]])
         cost = [a / b for a, b in zip(seconds[arm], seconds["off_auto"])]
         _check(r[2], [statistics.mean(cost), *cost] if arm == "defaults" else [])
-        paired = [a["test_auc"] - b["test_auc"] for a, b in zip(runs[arm], runs["off"])]
+        paired = _paired(runs, arm, "off")
         _check(r[3], [statistics.mean(paired), *paired] if arm != "off" else [])
     for run in runs["defaults"]:  # one decision each: stood down, no second look
         assert [(d["step"], d["to"]) for d in run["serve_lever"]["decisions"]] == [(170, "down")]
