@@ -142,7 +142,9 @@ class SlipstreamController:
         ``source_batches_pulled`` batches. ``lockstep_every``: batches between two agreements."""
         self.streams_done.close(self.stream)
         # the lever's timing waits out the batches split ahead (the pipeline's and the lock-step's)
-        settle = min(SETTLE_STEPS + max(0, lockstep_every - 1), self.lever.window - 1)
+        ahead = SETTLE_STEPS + max(0, lockstep_every - 1)
+        settle = min(ahead, self.lever.window - 1)
+        self.server.batches_ahead = ahead + 1  # one more than the pipeline's and the lock-step's
         self.schedule = dataclasses.replace(self.schedule, settle=settle)
         self.stream = SkippingStream(
             raw_batches, self.batch_size, decide=self.on_host_batch, lookahead_batches=self.cfg.lookahead_batches
@@ -190,7 +192,7 @@ class SlipstreamController:
         snapshot = sched.snapshot(step)
         if sched.sync(step) and not snapshot and self.lever.serves:
             with timed(self.seconds, "sync"):
-                self.server.resync()  # all ranks: the rows the push just moved
+                self.server.resync(step)  # all ranks: the rows the push just moved
         if not snapshot:
             return None
         t0 = time.perf_counter()
@@ -206,7 +208,7 @@ class SlipstreamController:
         if self.lever.serves:
             # The replica follows the stale set (the same on every rank), so a row that moved
             # again leaves it here; not while the lever times a window without serving.
-            self.server.rebuild(self.threshold.stale_now(step))
+            self.server.rebuild(self.threshold.stale_now(step), step)
         t3 = time.perf_counter()
         self.seconds["sync"] += (t1 - t0) + (t3 - t2) - (decision["seconds"] if decision else 0.0)
         self.seconds["snapshot"] += t2 - t1

@@ -324,13 +324,13 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
         if after is not None:  # all ranks take the same transition at the same step
             ctl.plan.paused = not after.serves
             if after is LeverState.down:
-                ctl.server.rebuild(torch.zeros(0, dtype=torch.int64))  # the replica emptied
+                ctl.server.rebuild(torch.zeros(0, dtype=torch.int64), step)  # the replica emptied
             elif before is LeverState.down:
                 # Looking again: the snapshots stopped while stood down, so this one re-bases
                 # the hot rows' changes and the next measures them over one interval.
                 ctl.tracker.snapshot()
             elif after.serves and not before.serves:
-                ctl.server.rebuild(ctl.threshold.stale_now(step))  # the rows that moved meanwhile
+                ctl.server.rebuild(ctl.threshold.stale_now(step), step)  # the rows that moved meanwhile
             ctl.tracker.set_counting(lever.tracks and sched.counts(step + 1))
             if ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
                 logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])

@@ -88,6 +88,9 @@ class ServedGradients:
         self.owners: Optional[RowOwners] = None  # who holds which rows, learnt at the first push
         self.pushes = 0  # pushes that moved at least one row (same count on every rank)
         self.rows_pushed = 0  # rows this rank pushed, all pushes
+        # the rows the last push applied to this rank's shards (sorted flat keys, every rank's
+        # pushes): the only replica rows a push moves (replica.py, ``rebuild``'s ``moved``)
+        self.applied = torch.zeros(0, dtype=torch.int64)
 
     @property
     def pending(self) -> int:
@@ -170,6 +173,7 @@ class ServedGradients:
         for kernel, device, parts in by_kernel.values():
             if sum(r.numel() for r, _ in parts):
                 _apply(kernel, device, parts)
+        self.applied = unique
         self.pushes += 1
         self.rows_pushed += int(keys.numel())
         self._keys = torch.zeros(0, dtype=torch.int64)

@@ -31,7 +31,7 @@ is built.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -80,7 +80,8 @@ class StaleReplica:
     # ---- rebuild (collective) -------------------------------------------------------------
     @torch.no_grad()
     def rebuild(
-        self, units: List[ShardUnit], keys: torch.Tensor, feature_idx: Dict[str, int], bound: float = -1.0
+        self, units: List[ShardUnit], keys: torch.Tensor, feature_idx: Dict[str, int], bound: float = -1.0,
+        moved: Optional[torch.Tensor] = None,
     ) -> None:
         """Make the replica the rows ``keys`` (sorted flat keys, identical on every rank), from
         the shards, sending only what changed: a row the replica already holds is sent again
@@ -95,6 +96,12 @@ class StaleReplica:
         Under per-lookup serving a replica row changes on its shard only through the pushes
         (every lookup of it is served), so between two syncs only the rows pushed move, and a
         sync with ``bound`` 0 sends exactly those: the replica equals the shards after it.
+        ``moved`` (sorted flat keys; ``keys`` must then be the replica's own keys) is where the
+        caller knows it: the rows pushed to this rank's shards since the last sync. Only those
+        rows of non-replicated shards are read and compared (the copy updated in place), not
+        every row; data-parallel rows are compared whole (local, and a dense optimizer may move
+        a row with no gradient). What it leaves out is the rounding left by a bf16 difference
+        sent before, which a full comparison would send again where it exceeds the resolution.
 
         Collective: ALL ranks enter (per shard slice sent, a (column, width, rows) descriptor
         and the rows' positions in ``keys`` through the host group, then their values through
@@ -105,44 +112,60 @@ class StaleReplica:
         keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1).cpu()
         n, dim = keys.numel(), self.dim
         flush_caches(units)  # fused_uvm_caching: the newest values may sit in the GPU cache
-        # The rows held now, at their new positions (held[i]: keys[i] was in the replica).
-        before, old = self.keys, self.values.cpu()
-        pos = torch.searchsorted(before, keys).clamp_(max=max(0, before.numel() - 1))
-        held = (before.index_select(0, pos) == keys) if before.numel() else torch.zeros(n, dtype=torch.bool)
-        values = torch.zeros(n, dim, dtype=torch.float32)
-        values[held] = old.index_select(0, pos[held])
+        if moved is not None:  # the same rows: the copy is updated in place
+            assert torch.equal(keys, self.keys), "a sync of the moved rows keeps the replica's rows"
+            held = torch.ones(n, dtype=torch.bool)
+            values = self.values.cpu()
+            found = torch.searchsorted(keys, moved).clamp_(max=max(0, n - 1))
+            suspects = found[keys.index_select(0, found) == moved] if n else found[:0]  # sorted positions
+        else:
+            # The rows held now, at their new positions (held[i]: keys[i] was in the replica).
+            before, old = self.keys, self.values.cpu()
+            pos = torch.searchsorted(before, keys).clamp_(max=max(0, before.numel() - 1))
+            held = (before.index_select(0, pos) == keys) if before.numel() else torch.zeros(n, dtype=torch.bool)
+            values = torch.zeros(n, dim, dtype=torch.float32)
+            values[held] = old.index_select(0, pos[held])
         filled = torch.zeros(n, dtype=torch.int64)  # columns received per row that joined
         firsts, cuts = unit_cuts(units, keys, self.index, feature_idx)
-        current: List[torch.Tensor] = []  # the shards' rows, to the host in one copy
-        spans: List[List[int]] = []
+        current: List[torch.Tensor] = []  # the shards' rows read, to the host in one copy
+        spans: List[Any] = []  # (positions read: a slice or sorted positions, column, width, replicated)
         for unit, first, (lo, hi) in zip(units, firsts, cuts):
-            if hi > lo:
-                current.append(unit.weights.index_select(0, (keys[lo:hi] - first).to(unit.weights.device)).float().reshape(-1))
-                spans.append([lo, hi, unit.col_offset, unit.cols, int(unit.replicated)])
+            if hi <= lo:
+                continue
+            at: Any = slice(lo, hi)
+            if moved is not None and not unit.replicated:
+                at = suspects[int(torch.searchsorted(suspects, lo)) : int(torch.searchsorted(suspects, hi))]
+                if not at.numel():
+                    continue
+            local = (keys[at] - first).to(unit.weights.device)
+            current.append(unit.weights.index_select(0, local).float().reshape(-1))
+            spans.append((at, unit.col_offset, unit.cols, unit.replicated))
         home = units[0].weights.device if units else torch.device("cpu")  # where the shards are
         flat_rows = torch.cat(current).cpu() if current else torch.zeros(0)  # to the host, in one copy
         descriptors: List[int] = []  # (column, width, rows) per slice this rank sends
         positions: List[torch.Tensor] = []
         send: List[torch.Tensor] = []
-        at = 0
-        for lo, hi, col, width, replicated in spans:
-            rows = flat_rows[at : at + (hi - lo) * width].view(hi - lo, width)
-            at += (hi - lo) * width
-            moved = ~held[lo:hi]
-            copy = values[lo:hi, col : col + width]
+        offset = 0
+        for at, col, width, replicated in spans:
+            count = (at.stop - at.start) if isinstance(at, slice) else at.numel()
+            rows = flat_rows[offset : offset + count * width].view(count, width)
+            offset += count * width
+            moved_rows = ~held[at]
+            copy = values[at, col : col + width]  # a view for a slice
             if bound >= 0:
                 resolution = 0.0 if replicated else self.resolution  # copied here: exact
-                moved |= ((rows - copy).abs() > bound + resolution * rows.abs()).any(1)
+                moved_rows |= ((rows - copy).abs() > bound + resolution * rows.abs()).any(1)
             else:
-                moved[:] = True
-            idx = moved.nonzero().view(-1)
+                moved_rows[:] = True
+            idx = moved_rows.nonzero().view(-1)
+            hit = (at.start + idx) if isinstance(at, slice) else at.index_select(0, idx)
             if replicated:  # every rank holds these weights: copied here, never sent
-                values[lo + idx, col : col + width] = rows.index_select(0, idx)
-                filled[lo + idx] += width
+                values[hit, col : col + width] = rows.index_select(0, idx)
+                filled[hit] += width
                 continue
             if idx.numel():
                 descriptors += [col, width, int(idx.numel())]
-                positions.append(lo + idx)
+                positions.append(hit)
                 out = rows.index_select(0, idx)
                 send.append((out if self.resolution == 0 else out - copy.index_select(0, idx)).reshape(-1))
         mine = torch.tensor(descriptors, dtype=torch.int64)
@@ -169,7 +192,7 @@ class StaleReplica:
             at_pos, at_val = at_pos + count, at_val + count * width
         assert bool((filled[~held] == dim).all()), "every row that joined assembled from all of its columns"
         self.joined = int((~held).sum())
-        self.left = int(before.numel() - held.sum())
+        self.left = int(self.keys.numel() - held.sum())  # held before, less those that stayed
         self.keys = keys.clone()
         self.values = values.to(self.device)
         self.rebuilds += 1

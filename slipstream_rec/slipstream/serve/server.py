@@ -73,6 +73,16 @@ class StaleServer:
         # host seconds summing the served gradients per row every step (a kernel launch on a GPU)
         self.sum_seconds = 0.0
         self._counts: List[Counts] = []  # served lookups of counted steps, merged lazily
+        # Which rows a sync compares. Once every batch in training was split with the replica's
+        # current rows, a replica row moves only by the pushes (its every lookup is served), so a
+        # sync reads only the rows pushed since the last one. A batch split before the last
+        # rebuild still looks its rows that joined (and, split while serving paused, any row) up
+        # through the shards: until a full comparison has followed the rebuild by the batches
+        # split ahead of training (``batches_ahead``, set by the controller), syncs compare all.
+        self.batches_ahead = 1 << 30  # until told: every sync compares all
+        self._rebuilt_at = 0  # the step of the last rebuild
+        self._compared_at = 0  # the step of the last sync that compared every row
+        self._pushed: List[torch.Tensor] = []  # the rows each push since the last sync applied here
 
     @classmethod
     def from_config(cls, cfg: SlipstreamConfig, tracker: StalenessTracker, index: RowIndex) -> "StaleServer":
@@ -94,6 +104,7 @@ class StaleServer:
         if sync_step:
             with timed(self, "push_seconds"):
                 sent = self.grads.push(self.tracker.units, self.tracker.feature_index)  # all ranks
+                self._pushed.append(self.grads.applied)
                 meter = self.tracker.modules[0].a2a_bytes
                 meter["push"] = meter.get("push", 0) + sent
 
@@ -114,15 +125,28 @@ class StaleServer:
         return merged
 
     # ---- after the snapshot and the syncs (collective) ----------------------------------------
-    def rebuild(self, stale_keys: torch.Tensor) -> None:
-        """The replica becomes the rows ``stale_keys`` (identical on every rank), sending only the
-        rows that joined and the rows that moved past ``slipstream.replica_sync_bound``.
-        Collective."""
+    def rebuild(self, stale_keys: torch.Tensor, step: int) -> None:
+        """The replica becomes the rows ``stale_keys`` (identical on every rank) after ``step``,
+        sending only the rows that joined and the rows that moved past
+        ``slipstream.replica_sync_bound``. Collective."""
         self.replica.rebuild(self.tracker.units, stale_keys, self.tracker.feature_index, self.sync_bound)
+        self._rebuilt_at = self._compared_at = int(step)
+        self._pushed = []
 
-    def resync(self) -> None:
-        """The replica's rows brought up to date after a push moved them. Collective."""
-        self.rebuild(self.replica.keys)
+    def resync(self, step: int) -> None:
+        """The replica's rows brought up to date after a push moved them, after ``step``: every
+        row compared with its shard while a batch split before the last rebuild may have trained
+        since, else only the rows pushed since the last sync. Collective (the same choice on
+        every rank: step numbers)."""
+        full = self._compared_at - self._rebuilt_at < self.batches_ahead
+        moved = None
+        if not full:
+            moved = torch.unique(torch.cat(self._pushed)) if self._pushed else torch.zeros(0, dtype=torch.int64)
+        keys = self.replica.keys
+        self.replica.rebuild(self.tracker.units, keys, self.tracker.feature_index, self.sync_bound, moved=moved)
+        if full:
+            self._compared_at = int(step)
+        self._pushed = []
 
     @property
     def rows(self) -> int:
@@ -172,6 +196,8 @@ class StaleServer:
             "counts": self._merged(),
             "push_seconds": self.push_seconds,
             "sum_seconds": self.sum_seconds,
+            "compared": [self._rebuilt_at, self._compared_at],
+            "pushed": torch.unique(torch.cat(self._pushed)) if self._pushed else None,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -180,6 +206,9 @@ class StaleServer:
         self._counts = [state["counts"]] if state["counts"] is not None else []
         self.push_seconds = float(state["push_seconds"])
         self.sum_seconds = float(state["sum_seconds"])
+        # a checkpoint from before these were kept: the next sync compares every row
+        self._rebuilt_at, self._compared_at = state.get("compared", [0, -(1 << 30)])
+        self._pushed = [state["pushed"]] if state.get("pushed") is not None else []
 
 
 class NoServe:
@@ -200,10 +229,10 @@ class NoServe:
     def take_counts(self) -> None:
         return None
 
-    def rebuild(self, stale_keys: torch.Tensor) -> None:
+    def rebuild(self, stale_keys: torch.Tensor, step: int) -> None:
         pass
 
-    def resync(self) -> None:
+    def resync(self, step: int) -> None:
         pass
 
     def record(self) -> Dict[str, Any]:

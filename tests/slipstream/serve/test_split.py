@@ -308,3 +308,33 @@ def test_a_sync_sends_only_the_rows_that_moved_past_the_bound_and_the_rows_that_
     replica.rebuild(units, keys, features, bound=-1.0)
     # every row from every shard holding columns of it: 8 rows, b's 2 twice when b is split
     assert replica.rows_sent - before == keys.numel() + (2 if column_split else 0)
+
+
+@pytest.mark.parametrize("column_split", [False, True])
+def test_a_sync_of_the_moved_rows_reads_only_them_and_every_data_parallel_row(column_split):
+    replica, tables, index = _replica(column_split)
+    units = _units(tables, column_split)
+    units[-1].replicated = True  # c: data-parallel (every rank holds it: compared here, never sent)
+    features = {n: i for i, n in enumerate(FEATURES)}
+    b0, b5 = (int(index.to_flat(1, torch.tensor([r]))) for r in (0, 5))
+    a1, c3 = int(index.to_flat(0, torch.tensor([1]))), int(index.to_flat(2, torch.tensor([3])))
+    tables[1][0, 2] += 0.5  # b0: said to have moved
+    tables[0][1, 0] += 0.5  # a1: moved, not said (what a push never does)
+    tables[2][3, 1] += 0.5  # c3: a data-parallel row, not said
+    sent, nbytes = replica.rows_sent, replica.sync_bytes
+    keys = replica.keys.clone()
+    moved = torch.tensor(sorted([b0, b5, int(index.to_flat(1, torch.tensor([8])))]))  # b8: not a replica row
+    replica.rebuild(units, keys, features, bound=0.0, moved=moved)
+    held = {int(k): v for k, v in zip(replica.keys, replica.values)}
+    assert torch.equal(held[b0], tables[1][0]) and torch.equal(held[c3], tables[2][3])
+    assert held[a1][0] == tables[0][1, 0] - 0.5  # not read: left as it was
+    assert torch.equal(held[b5], tables[1][5])  # read, did not move
+    # b0 alone is sent, from the one shard holding its column 2; c3 is copied locally
+    assert replica.rows_sent - sent == 1
+    assert replica.sync_bytes - nbytes == 3 * 8 + 8 + (DIM - 1 if column_split else DIM) * 4
+    assert (replica.joined, replica.left, replica.rows) == (0, 0, keys.numel())
+    # a full comparison finds a1
+    replica.rebuild(units, keys, features, bound=0.0)
+    assert torch.equal(dict(zip(replica.keys.tolist(), replica.values))[a1], tables[0][1])
+    with pytest.raises(AssertionError, match="keeps the replica's rows"):
+        replica.rebuild(units, keys[1:], features, bound=0.0, moved=moved)
