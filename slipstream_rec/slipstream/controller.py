@@ -88,6 +88,7 @@ class SlipstreamController:
         self.plan = self.server.plan
         self.lever = ServeLever.from_config(cfg)
         self.window_clock = WindowClock()  # its clock is the trainer's (``bind``)
+        self.timed_from = 0  # the first step the lever may time (``bind``)
         self.schedule = Schedule.from_config(cfg, self.lever.window if self.lever.auto else 0, SETTLE_STEPS)
         self.threshold = StaleThreshold(cfg, index, rows, self.is_rank0)
         self.quality = QualityCheck(cfg, index, rows, self.is_rank0) if cfg.quality_check else NoQuality(cfg)
@@ -109,11 +110,14 @@ class SlipstreamController:
         self.seconds = {"classify": 0.0, "snapshot": 0.0, "sync": 0.0, "lever": 0.0}
         self.tracker.set_counting(self.schedule.counts(1))
 
-    def bind(self, scorer: Callable[[Batch], torch.Tensor], clock: Callable[[], float]) -> None:
-        """The trainer's scoring forward (the quality check's: a collective, no grad) and clock
-        (training seconds with the device's queue drained: the lever's windows)."""
+    def bind(self, scorer: Callable[[Batch], torch.Tensor], clock: Callable[[], float], timed_from: int = 0) -> None:
+        """The trainer's scoring forward (the quality check's: a collective, no grad), clock
+        (training seconds with the device's queue drained: the lever's windows) and the first
+        step whose time the lever may use (the steps before it time something of the trainer's:
+        the precision probe)."""
         self.quality.scorer = scorer
         self.window_clock.clock = clock
+        self.timed_from = int(timed_from)
 
     def target_skip_fraction(self) -> Optional[float]:
         """The current D, where the quality check has moved it; None for the policies that

@@ -16,9 +16,12 @@ per window: the step is as slow as its slowest rank):
   measured in the same window (counting, snapshots, pushes): the step Slipstream leaves when it
   stands down entirely.
 
-States (``LeverState``): the lever waits until the replica first holds rows, then measures a
-window serving (``probe_on``) and a window not serving (``probe_off``), and decides: serve while
-a step with serving takes at most ``1 - serve_min_gain`` of a step without. Serving is re-checked
+States (``LeverState``): the lever waits until the replica first holds rows, timing those
+windows as windows without serving (nothing is served or synced there yet; the tracking is taken
+out as in any window without serving), then measures a window serving (``probe_on``) and
+decides: serve while a step with serving takes at most ``1 - serve_min_gain`` of a step without.
+Where the wait gave no figure (a window shorter than ``MIN_TIMED``), a window not serving
+(``probe_off``) is timed after the one serving, as at every re-check. Serving is re-checked
 after ``serve_recheck_windows`` windows by one window without it. Where it does not pay,
 Slipstream stands down (``down``): nothing is served, counted or snapshotted, the replica is
 emptied, and every window's step time keeps the estimate without serving fresh; after
@@ -35,7 +38,8 @@ Each decision, its two figures and its reason is a record (``decisions``).
 The first ``SETTLE_STEPS`` steps of a window (plus ``trainer.lockstep_every_steps`` - 1, whose
 batches are split that much further ahead) are not timed: the batches the pipeline prefetched
 before a switch were split under the previous state, and the switch's own replica copy lands
-there. This module is the rule on measured figures (pure, unit-tested on recorded timings);
+there. Nor are the steps before ``timed_from`` (the trainer's: the precision probe's fp32 and
+bf16 turns): a window's timing that started before it starts again there. This module is the rule on measured figures (pure, unit-tested on recorded timings);
 the controller measures, agrees and applies it (``controller.py``).
 """
 
@@ -68,6 +72,8 @@ logger = logging.getLogger(__name__)
 # Steps after a window boundary before its timing starts: TorchRec's TrainPipelineSparseDist
 # holds two batches ahead, split under the state before the boundary.
 SETTLE_STEPS = 2
+# A window's figure needs at least this share of its steps timed (else it is not measured).
+MIN_TIMED = 0.25
 
 
 class LeverState(Enum):
@@ -155,7 +161,13 @@ class ServeLever:
     @property
     def timed(self) -> bool:
         """Whether the window now running is timed (its figure feeds a decision)."""
-        return self.auto and self.state is not LeverState.waiting and self.state is not LeverState.looking
+        return self.auto and self.state is not LeverState.looking
+
+    @property
+    def timing_serving(self) -> bool:
+        """Whether the window now timed serves (its figure: the whole step) or not (less the
+        tracking): waiting, nothing is served yet."""
+        return self.state in (LeverState.probe_on, LeverState.serving)
 
     def window_end(self, step: int, seconds_per_step: Optional[float], ready: bool) -> Optional[LeverState]:
         """The window ending at ``step`` measured ``seconds_per_step`` (serving: the whole step;
@@ -166,6 +178,8 @@ class ServeLever:
             return None
         before = s = self.state
         if s is LeverState.waiting:
+            if seconds_per_step is not None:  # a window without serving
+                self.off_s = seconds_per_step
             if ready:
                 self.state = LeverState.probe_on
         elif s is LeverState.looking:
@@ -279,14 +293,20 @@ class WindowClock:
         assert self.clock is not None, "serve_when=auto needs the trainer's clock"
         self._mark = (step, self.clock(), tracking_seconds)
 
+    @property
+    def marked(self) -> bool:
+        """A window's timing is running."""
+        return self._mark is not None
+
     def measure(
-        self, step: int, serving: bool, tracking_seconds: float, on_agree: Callable[[int], None]
+        self, step: int, serving: bool, tracking_seconds: float, on_agree: Callable[[int], None], least: int = 1
     ) -> Optional[float]:
         """Seconds per step since the mark, the slowest rank's; not serving, less the tracking
         work done meanwhile (the step Slipstream would leave). None where this run has no mark
-        (resumed inside the window). Collective: all ranks enter one MAX all-reduce."""
+        (resumed inside the window) or timed fewer than ``least`` steps. Collective: all ranks
+        enter one MAX all-reduce."""
         per_step = -1.0
-        if self._mark is not None:
+        if self._mark is not None and step - self._mark[0] >= least:
             s0, c0, k0 = self._mark
             assert self.clock is not None, "serve_when=auto needs the trainer's clock"
             elapsed = self.clock() - c0
@@ -308,16 +328,18 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
     state changes (the replica rebuilt or emptied, a re-basing snapshot). Standing down empties
     the replica and stops counting and snapshots; looking again resumes them with a snapshot
     that re-bases the hot rows' changes; serving again rebuilds the replica to the stale set."""
-    lever, sched = ctl.lever, ctl.schedule
-    if sched.window_mark(step) and lever.timed:
-        ctl.window_clock.mark(step, stats.tracking_seconds(ctl))
+    lever, sched, clock = ctl.lever, ctl.schedule, ctl.window_clock
+    # the timing starts at the window's mark, or again where the trainer's own timed steps end
+    if lever.timed and (sched.window_mark(step) or (step == ctl.timed_from - 1 and clock.marked)):
+        clock.mark(step, stats.tracking_seconds(ctl))
     if not sched.window_end(step):
         return
     with timed(ctl.seconds, "lever"):
         measured = None
         if lever.timed:
             tracking = stats.tracking_seconds(ctl)
-            measured = ctl.window_clock.measure(step, lever.serves, tracking, ctl.count_control)
+            least = max(1, math.ceil(MIN_TIMED * lever.window))
+            measured = clock.measure(step, lever.timing_serving, tracking, ctl.count_control, least)
         ctl.window_clock.reset()
         before = lever.state
         after = lever.window_end(step, measured, ready=ctl.server.rows > 0)

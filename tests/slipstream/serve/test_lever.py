@@ -26,7 +26,8 @@ def walk(lv, figures, ready=True, start=100):
 
 def test_waits_for_rows_to_serve_then_times_a_window_with_and_one_without():
     lv = lever()
-    assert lv.window_end(100, None, ready=False) is None and lv.state is S.waiting and not lv.timed
+    # waiting: timed as a window without serving; here its window was not measured
+    assert lv.window_end(100, None, ready=False) is None and lv.state is S.waiting and lv.timed
     assert lv.window_end(150, None, ready=True) is S.probe_on and lv.timed and lv.serves
     assert lv.window_end(200, 0.030, ready=True) is S.probe_off and not lv.serves and lv.tracks
     assert lv.window_end(250, 0.040, ready=True) is S.serving
@@ -35,6 +36,20 @@ def test_waits_for_rows_to_serve_then_times_a_window_with_and_one_without():
     assert rec["serving_ms_per_step"] == 30.0 and rec["standing_down_ms_per_step"] == 40.0
     assert "+25.0% faster" in rec["reason"] and "serve" in rec["reason"]
     assert lv.take_new() == [rec] and lv.take_new() == []
+
+
+def test_the_wait_for_the_first_rows_is_timed_as_a_window_without_serving():
+    lv = lever()
+    assert lv.timed and not lv.timing_serving  # nothing is served before the replica holds rows
+    assert lv.window_end(100, 0.041, ready=False) is None and lv.off_s == 0.041
+    assert lv.window_end(150, 0.040, ready=True) is S.probe_on and lv.off_s == 0.040 and lv.timing_serving
+    # one window serving decides, against the wait's figure: no window without serving
+    assert lv.window_end(200, 0.030, ready=True) is S.serving
+    rec = lv.decisions[-1]
+    assert rec["from"] == "probe_on" and rec["step"] == 200 and rec["standing_down_ms_per_step"] == 40.0
+    lv = lever()
+    walk(lv, [0.030, 0.039])  # serving slower than the wait
+    assert lv.state is S.down and lv.decisions[-1]["from"] == "probe_on"
 
 
 def test_slower_serving_stands_everything_down_and_looks_again_after_the_recheck_windows():
@@ -155,3 +170,62 @@ def test_serving_that_pays_well_is_rechecked_rarely():
 @pytest.mark.parametrize("requested, interval, expected", [(50, 50, 50), (50, 20, 60), (1, 50, 50), (120, 50, 150)])
 def test_windows_hold_whole_snapshot_intervals(requested, interval, expected):
     assert window_steps(requested, interval) == expected
+
+
+class _Clock:
+    """A trainer clock: 1 s a step through the precision probe's steps (5-36), 0.5 s after."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def step(self, n):
+        self.now += 1.0 if n <= 36 else 0.5
+
+
+def _controller(lv, clock):
+    from types import SimpleNamespace
+
+    from slipstream_rec.slipstream.schedule import Schedule
+    from slipstream_rec.slipstream.serve.lever import WindowClock
+
+    wc = WindowClock()
+    wc.clock = lambda: clock.now
+    rebuilt = []
+    return SimpleNamespace(
+        lever=lv, window_clock=wc, timed_from=37, is_rank0=False, count_control=lambda n: None,
+        schedule=Schedule(tracks=True, serves=True, count_steps=20, count_every=4, snapshot_interval=50,
+                          sync_every=10, hot_refresh_steps=0, lever_window=50, settle=2),
+        seconds={"classify": 0.0, "snapshot": 0.0, "sync": 0.0, "lever": 0.0},
+        tracker=SimpleNamespace(count_seconds=0.0, snapshot=lambda: None, set_counting=lambda on: None),
+        quality=SimpleNamespace(seconds=0.0),
+        server=SimpleNamespace(push_seconds=0.0, sum_seconds=0.0, rows=0, rebuild=lambda k, s: rebuilt.append(s)),
+        plan=SimpleNamespace(paused=False), threshold=SimpleNamespace(stale_now=lambda s: None),
+    )  # fmt: skip
+
+
+def test_the_lever_times_no_step_of_the_trainers_precision_probe():
+    from slipstream_rec.slipstream.serve.lever import lever_window_step
+
+    lv, clock = lever(), _Clock()
+    ctl = _controller(lv, clock)
+    for n in range(1, 71):  # the window 20-70: marked after step 22, the probe's steps to 36
+        clock.step(n)
+        ctl.server.rows = int(n >= 70)  # the first stale rows at step 70's snapshot
+        lever_window_step(ctl, n)
+    assert lv.state is S.probe_on and lv.off_s == 0.5  # timed from step 37 only
+    # a window that starts after the probe is timed from its own mark
+    for n in range(71, 121):
+        clock.step(n)
+        lever_window_step(ctl, n)
+    assert lv.state is S.down and lv.on_s == 0.5  # (0.5 is not 2% faster than 0.5)
+
+
+def test_a_window_timed_over_too_few_steps_gives_no_figure():
+    from slipstream_rec.slipstream.serve.lever import WindowClock
+
+    wc, now = WindowClock(), [0.0]
+    wc.clock = lambda: now[0]
+    wc.mark(10, 0.0)
+    now[0] = 5.0
+    assert wc.measure(20, True, 0.0, lambda n: None, least=11) is None
+    assert wc.measure(20, True, 0.0, lambda n: None, least=10) == 0.5
