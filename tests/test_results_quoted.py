@@ -682,3 +682,27 @@ def test_the_three_seed_dim128_table_quotes_its_runs():
         _check(cells[6], [serve["served_fraction"]])
         _check(cells[7], [serve["test_auc"] - off["test_auc"]])
         assert serve["samples_trained"] == off["samples_trained"]
+
+
+@pytest.mark.parametrize("dim, name", [(16, "network_preset_defaults_clicklog_dim16")])
+def test_the_defaults_on_two_links_table_quotes_its_run(dim, name):
+    """The defaults against off, unshaped and shaped, one run each (docs/results/serve.md)."""
+    doc = json.loads((RESULTS / f"{name}.json").read_text())
+    rows = _rows("docs/results/serve.md", f"| job (dim {dim}) | link | train s | vs `off` on that link |")
+    table = {(r["job"], r["rate"]): r for r in doc["table"]}
+    runs = {(r["job"], r["rate"]): r for r in doc["runs"]}
+    assert len(rows) == len(table) == 4 and f"benchmarks/results/{name}.json" in doc["command"]
+    for cells in rows:
+        key = ("off" if cells[0] == "`slipstream=off`" else cells[0], cells[1])
+        row, run, off = table[key], runs[key], table[("off", cells[1])]
+        assert float(cells[2]) == round(row["train_seconds"], 1), cells
+        assert float(cells[4]) == round(row["wire_train_bytes_per_sample"]), cells
+        assert float(cells[5]) == round(row["wire_train_minus_dense_bytes_per_sample"]), cells
+        if key[0] == "off":
+            assert cells[3] == cells[6] == cells[7] == cells[8] == "", cells
+            continue
+        assert cells[3] == f"{off['train_seconds'] / row['train_seconds']:.3f}x", cells
+        breakdown = run["time_breakdown_rank0"]
+        assert [float(cells[6]), float(cells[7])] == [round(breakdown["slipstream"], 1), round(breakdown["serving"], 1)]
+        _check(cells[8], [row["test_auc"] - off["test_auc"]])
+        assert run["samples_trained"] == runs[("off", cells[1])]["samples_trained"]

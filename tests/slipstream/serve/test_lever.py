@@ -173,13 +173,17 @@ def test_windows_hold_whole_snapshot_intervals(requested, interval, expected):
 
 
 class _Clock:
-    """A trainer clock: 1 s a step through the precision probe's steps (5-36), 0.5 s after."""
+    """A trainer clock: 1 s a step through the precision probe's steps (5-36), 0.5 s after, of
+    which 0.1 s is Slipstream's tracking (counting, in the forward) up to step 70."""
 
     def __init__(self):
         self.now = 0.0
+        self.tracker = None
 
     def step(self, n):
         self.now += 1.0 if n <= 36 else 0.5
+        if n <= 70:
+            self.tracker.count_seconds += 0.1
 
 
 def _controller(lv, clock):
@@ -208,16 +212,18 @@ def test_the_lever_times_no_step_of_the_trainers_precision_probe():
 
     lv, clock = lever(), _Clock()
     ctl = _controller(lv, clock)
+    clock.tracker = ctl.tracker
     for n in range(1, 71):  # the window 20-70: marked after step 22, the probe's steps to 36
         clock.step(n)
         ctl.server.rows = int(n >= 70)  # the first stale rows at step 70's snapshot
         lever_window_step(ctl, n)
-    assert lv.state is S.probe_on and lv.off_s == 0.5  # timed from step 37 only
-    # a window that starts after the probe is timed from its own mark
+    # timed from step 37 only, as a window without serving: less the tracking
+    assert lv.state is S.probe_on and lv.off_s == pytest.approx(0.4)
+    # a window that starts after the probe is timed from its own mark; serving: the whole step
     for n in range(71, 121):
         clock.step(n)
         lever_window_step(ctl, n)
-    assert lv.state is S.down and lv.on_s == 0.5  # (0.5 is not 2% faster than 0.5)
+    assert lv.state is S.down and lv.on_s == pytest.approx(0.5)  # (0.5 is not 2% faster than 0.4)
 
 
 def test_a_window_timed_over_too_few_steps_gives_no_figure():
