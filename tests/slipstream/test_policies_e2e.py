@@ -38,6 +38,8 @@ def runs(tmp_path_factory):
         if name == "random_negatives":  # uniform negative downsampling: half the non-clicks
             policy, extra = "random", ["slipstream.negatives_only=true", "slipstream.random_skip_fraction=0.5",
                                        "slipstream.warmup_steps=0"]
+        if name == "serve":  # serving's mechanics and bytes; the lever has its own tests (one machine: it stands down)
+            extra = ["slipstream.serve_when=always"]
         _run(
             [
                 str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "slipstream_rec.train",

@@ -42,6 +42,12 @@ from slipstream_rec.sharding.sharded import ShardUnit, flush_caches
 
 __all__ = ["StaleReplica"]
 
+# Up to this many rows in all tables, a replica keeps a dense map from every flat key to its row
+# in the replica (int32, -1 outside: 4 bytes a row, 32 MiB at this size), so that locating a
+# batch's lookups is one gather; above it, a binary search in the sorted keys (measured on
+# clicklog, 106k lookups against 68k replica rows: the search 1.8 ms a batch, the gather 0.1).
+DENSE_MAP_ROWS = 1 << 23
+
 
 class StaleReplica:
     """The stale rows as one local (rows, D) table: sorted flat ``keys`` and their ``values``."""
@@ -63,6 +69,9 @@ class StaleReplica:
         self.resolution = 0.0 if wire_dtype is torch.float32 else torch.finfo(wire_dtype).eps / 2
         self.keys = torch.zeros(0, dtype=torch.int64)  # sorted flat keys, on the host
         self.values = torch.zeros(0, self.dim, dtype=torch.float32, device=device)
+        # each flat key's row in the replica, -1 outside (DENSE_MAP_ROWS; None: searched instead)
+        dense = index.num_rows <= DENSE_MAP_ROWS
+        self._where = torch.full((index.num_rows,), -1, dtype=torch.int32) if dense else None
         self.rebuilds = 0
         self.sync_bytes = 0  # bytes this rank gave to the rebuild gathers, all rebuilds
         self.rows_sent = 0  # row slices this rank sent to them
@@ -74,8 +83,15 @@ class StaleReplica:
         return int(self.keys.numel())
 
     def nbytes(self) -> int:
-        """Bytes this rank holds for the replica: keys and row values."""
-        return int(self.keys.numel() * 8 + self.values.numel() * self.values.element_size())
+        """Bytes this rank holds for the replica: keys, row values and the key map."""
+        held = self.keys.numel() * 8 + self.values.numel() * self.values.element_size()
+        return int(held + (self._where.numel() * 4 if self._where is not None else 0))
+
+    def _set_keys(self, keys: torch.Tensor) -> None:
+        if self._where is not None:
+            self._where.index_fill_(0, self.keys, -1)
+            self._where.index_copy_(0, keys, torch.arange(keys.numel(), dtype=torch.int32))
+        self.keys = keys
 
     # ---- rebuild (collective) -------------------------------------------------------------
     @torch.no_grad()
@@ -193,7 +209,7 @@ class StaleReplica:
         assert bool((filled[~held] == dim).all()), "every row that joined assembled from all of its columns"
         self.joined = int((~held).sum())
         self.left = int(self.keys.numel() - held.sum())  # held before, less those that stayed
-        self.keys = keys.clone()
+        self._set_keys(keys.clone())
         self.values = values.to(self.device)
         self.rebuilds += 1
 
@@ -207,6 +223,10 @@ class StaleReplica:
         whether it is a replica row. Host."""
         if not self.rows:
             return torch.zeros(flat.shape, dtype=torch.int64), torch.zeros(flat.shape, dtype=torch.bool)
+        if self._where is not None:
+            at = self._where.index_select(0, flat.reshape(-1)).view(flat.shape)
+            found = at >= 0
+            return at.clamp_(min=0).to(torch.int64), found
         pos = torch.searchsorted(self.keys, flat).clamp_(max=self.rows - 1)
         return pos, self.keys.index_select(0, pos.view(-1)).view(flat.shape) == flat
 
@@ -238,7 +258,7 @@ class StaleReplica:
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.keys = state["keys"].clone()
+        self._set_keys(state["keys"].clone())
         self.values = state["values"].to(self.device)
         for k in ("rebuilds", "sync_bytes", "joined", "left"):
             setattr(self, k, int(state[k]))

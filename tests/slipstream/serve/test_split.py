@@ -338,3 +338,23 @@ def test_a_sync_of_the_moved_rows_reads_only_them_and_every_data_parallel_row(co
     assert torch.equal(dict(zip(replica.keys.tolist(), replica.values))[a1], tables[0][1])
     with pytest.raises(AssertionError, match="keeps the replica's rows"):
         replica.rebuild(units, keys[1:], features, bound=0.0, moved=moved)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_locate_finds_exactly_the_replica_rows_after_every_rebuild(dense):
+    replica, tables, index = _replica()
+    if not dense:
+        replica._where = None  # the binary search of a replica over too many rows for a map
+    assert (replica._where is not None) == dense
+    units = _units(tables)
+    features = {n: i for i, n in enumerate(FEATURES)}
+    every = torch.cat([torch.arange(index.num_rows), torch.tensor([0, 18])])  # 21 keys, repeats too
+    for keys in ([0, 2, 7, 12, 17], [2, 3, 12, 18], []):  # rows join, leave, all leave
+        keys = torch.tensor(keys, dtype=torch.int64)
+        replica.rebuild(units, keys, features)
+        flat = every[torch.randperm(every.numel(), generator=torch.Generator().manual_seed(1))].view(-1, 3)
+        pos, found = replica.locate(flat)
+        members = {int(k): i for i, k in enumerate(keys)}
+        assert found.tolist() == [[int(k) in members for k in row] for row in flat]
+        assert [p for p, f in zip(pos.view(-1).tolist(), found.view(-1).tolist()) if f] == [
+            members[int(k)] for k in flat.view(-1) if int(k) in members]
