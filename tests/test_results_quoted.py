@@ -706,3 +706,28 @@ def test_the_defaults_on_two_links_table_quotes_its_run(dim, name):
         assert [float(cells[6]), float(cells[7])] == [round(breakdown["slipstream"], 1), round(breakdown["serving"], 1)]
         _check(cells[8], [row["test_auc"] - off["test_auc"]])
         assert run["samples_trained"] == runs[("off", cells[1])]["samples_trained"]
+
+
+def test_the_two_seed_defaults_table_at_dim128_quotes_its_runs():
+    doc = json.loads((RESULTS / "network_defaults_2seeds_dim128.json").read_text())
+    runs = {(r["job"], r["rate"], r["seed"]): r for r in doc["runs"]}
+    rows = _rows("docs/results/serve.md", "| seed | link | `off` train s | defaults train s | vs `off` |")
+    assert [(int(r[0]), r[1]) for r in rows] == [(0, "none"), (0, "1gbit"), (1, "none"), (1, "1gbit")]
+    assert doc["seeds"] == 2 and "network_defaults_2seeds_dim128.json" in doc["command"]
+
+    def embedding(run):  # the trainer's wire reading less the dense and data-parallel all-reduces
+        o = run["program_off_rank_bytes_per_sample"]
+        return run["wire_train"]["bytes_per_sample"] - (o["dense"] + o["data_parallel"])
+
+    for cells in rows:
+        off, mine = runs[("off", cells[1], int(cells[0]))], runs[("defaults", cells[1], int(cells[0]))]
+        _check(cells[2] + " " + cells[3], [off["train_seconds"], mine["train_seconds"]])
+        assert cells[4] == f"{off['train_seconds'] / mine['train_seconds']:.3f}x", cells
+        _check(cells[5].replace("->", " "), [embedding(off), embedding(mine)])
+        _check(cells[6], [embedding(mine) / embedding(off)])
+        _check(cells[7], [mine["test_auc"] - off["test_auc"]])
+        assert mine["samples_trained"] == off["samples_trained"]
+        (decision,) = mine["serve_lever"]["decisions"]
+        assert decision["from"] == "probe_on" and f"step {decision['step']}: " in cells[8]
+        assert ("serve" if decision["to"] == "serving" else "stand down") in cells[8]
+        _check(cells[8].split("(")[1], [decision["serving_ms_per_step"], decision["standing_down_ms_per_step"]])
