@@ -675,15 +675,31 @@ def test_the_unshaped_look_budget_run_is_quoted():
     assert "look again in 2150 steps" in decision["reason"]
 
 
+def _embedding_on_wire(run: Dict) -> float:
+    """A network run's embedding side on the wire: the trainer's reading of the nodes' counters
+    over the training steps less the dense and data-parallel all-reduces (program's off-rank count)."""
+    o = run["program_off_rank_bytes_per_sample"]
+    return run["wire_train"]["bytes_per_sample"] - (o["dense"] + o["data_parallel"])
+
+
+def _check_pair(cells: List[str], off: Dict, mine: Dict) -> None:
+    """Six cells of a seeded network table: off's and the job's train s, the ratio, the embedding
+    side on the wire (off -> job), its ratio, the paired test AUC; and the same samples trained."""
+    _check(cells[0] + " " + cells[1], [off["train_seconds"], mine["train_seconds"]])
+    assert cells[2] == f"{off['train_seconds'] / mine['train_seconds']:.3f}x", cells
+    _check(cells[3].replace("->", " "), [_embedding_on_wire(off), _embedding_on_wire(mine)])
+    _check(cells[4], [_embedding_on_wire(mine) / _embedding_on_wire(off)])
+    _check(cells[5], [mine["test_auc"] - off["test_auc"]])
+    assert mine["samples_trained"] == off["samples_trained"]
+
+
 def test_the_three_seed_dim128_table_quotes_its_runs():
     doc = json.loads((RESULTS / "network_serve_always_3seeds_dim128.json").read_text())
     runs = {(r["job"], r["seed"]): r for r in doc["runs"]}
     rows = _rows("docs/results/serve.md", "| seed | `off` train s | serve always train s | vs `off` |")
     assert [int(r[0]) for r in rows] == [0, 1, 2] and doc["seeds"] == 3
 
-    def embedding(run):  # the trainer's wire reading less the dense and data-parallel all-reduces
-        o = run["program_off_rank_bytes_per_sample"]
-        return run["wire_train"]["bytes_per_sample"] - (o["dense"] + o["data_parallel"])
+    embedding = _embedding_on_wire
 
     for cells in rows:
         off, serve = runs[("off", int(cells[0]))], runs[("serve_always", int(cells[0]))]
@@ -709,19 +725,22 @@ def test_the_two_seed_defaults_table_at_dim128_quotes_its_runs():
     assert [(int(r[0]), r[1]) for r in rows] == [(0, "none"), (0, "1gbit"), (1, "none"), (1, "1gbit")]
     assert doc["seeds"] == 2 and "network_defaults_2seeds_dim128.json" in doc["command"]
 
-    def embedding(run):  # the trainer's wire reading less the dense and data-parallel all-reduces
-        o = run["program_off_rank_bytes_per_sample"]
-        return run["wire_train"]["bytes_per_sample"] - (o["dense"] + o["data_parallel"])
-
     for cells in rows:
         off, mine = runs[("off", cells[1], int(cells[0]))], runs[("defaults", cells[1], int(cells[0]))]
-        _check(cells[2] + " " + cells[3], [off["train_seconds"], mine["train_seconds"]])
-        assert cells[4] == f"{off['train_seconds'] / mine['train_seconds']:.3f}x", cells
-        _check(cells[5].replace("->", " "), [embedding(off), embedding(mine)])
-        _check(cells[6], [embedding(mine) / embedding(off)])
-        _check(cells[7], [mine["test_auc"] - off["test_auc"]])
-        assert mine["samples_trained"] == off["samples_trained"]
+        _check_pair(cells[2:8], off, mine)
         (decision,) = mine["serve_lever"]["decisions"]
         assert decision["from"] == "probe_on" and f"step {decision['step']}: " in cells[8]
         assert ("serve" if decision["to"] == "serving" else "stand down") in cells[8]
         _check(cells[8].split("(")[1], [decision["serving_ms_per_step"], decision["standing_down_ms_per_step"]])
+
+
+def test_the_three_seed_dim16_table_quotes_its_runs():
+    doc = json.loads((RESULTS / "network_defaults_3seeds_dim16_200mbit.json").read_text())
+    runs = {(r["job"], r["seed"]): r for r in doc["runs"]}
+    rows = _rows("docs/results/serve.md", "| seed | `off` train s (200mbit) | defaults train s | vs `off` |")
+    assert [int(r[0]) for r in rows] == [0, 1, 2] and doc["seeds"] == 3 and doc["rates"] == ["200mbit"]
+
+    for cells in rows:
+        off, mine = runs[("off", int(cells[0]))], runs[("defaults", int(cells[0]))]
+        _check_pair(cells[1:7], off, mine)
+        assert [(d["step"], d["to"]) for d in mine["serve_lever"]["decisions"]] == [(120, "serving")]
