@@ -24,7 +24,6 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from slipstream_rec.data.types import ServedRows, host_kjt
 from slipstream_rec.distributed import all_gather_objects, exchange_varlen
@@ -171,11 +170,10 @@ class ServedGradients:
         for unit, first, (lo, hi) in zip(units, firsts, cuts):  # a kernel's features in its order
             rows = unique[lo:hi] - first
             grad = total[lo:hi, unit.col_offset : unit.col_offset + unit.cols]
-            entry = by_kernel.setdefault(id(unit.kernel), [unit.kernel, unit.weights.device, not unit.replicated, []])
-            entry[3].append((rows, grad))
-        for kernel, device, sharded, parts in by_kernel.values():
+            by_kernel.setdefault(id(unit.kernel), [unit.kernel, unit.weights.device, []])[2].append((rows, grad))
+        for kernel, device, parts in by_kernel.values():
             if sum(r.numel() for r, _ in parts):
-                _apply(kernel, device, parts, variable=sharded)
+                _apply(kernel, device, parts)
         self.applied = unique
         self.pushes += 1
         self.rows_pushed += int(keys.numel())
@@ -207,39 +205,24 @@ def unit_cuts(
     return firsts, cuts
 
 
-def _apply(kernel: Any, device: torch.device, parts: List[Any], variable: bool = True) -> None:
-    """One lookup per row of every feature of ``kernel`` (its features in order), backward with
-    each row's gradient: the kernel's own update rule. ``variable``: a variable-batch KJT
-    (TorchRec's VBE), each feature a bag per row of its own (one empty bag where it has none), so
-    that the output and its gradient hold the pushed rows and nothing else; else (the
-    data-parallel tables' dense kernel, whose CPU lookup takes no variable batch) a bag per row
-    of the longest feature for every feature."""
-    keys = [f"f{slot}" for slot in range(len(parts))]  # names do not matter to a kernel: order does
-    values = torch.cat([r for r, _ in parts])
-    if variable:
-        strides = [max(1, int(rows.numel())) for rows, _ in parts]
-        lengths = torch.cat([torch.full((n,), int(rows.numel() > 0), dtype=torch.int32) for (rows, _), n in zip(parts, strides)])
-        per_key = [int(rows.numel()) for rows, _ in parts]  # on the host: no size read from the device
-        kjt = KeyedJaggedTensor(
-            keys=keys, values=values, lengths=lengths, stride_per_key_per_rank=[[n] for n in strides],
-            length_per_key=per_key, offset_per_key=[0] + torch.tensor(per_key).cumsum(0).tolist(),
-        )  # fmt: skip
-    else:
-        size = max(int(r.numel()) for r, _ in parts)
-        strides = [size] * len(parts)
-        lengths = torch.cat([(torch.arange(size) < rows.numel()).to(torch.int32) for rows, _ in parts])
-        kjt = host_kjt(keys, values, lengths, size)
-    kjt = kjt.to(device, non_blocking=True)
-    out = kernel(kjt)  # variable: feature f's bags x its dim, feature-major; else (bags, all dims)
-    grad = torch.zeros(out.shape, dtype=out.dtype, device=out.device)
-    flat, at, col = grad.view(-1), 0, 0
-    for (rows, g), n in zip(parts, strides):
-        g = g.to(out.device, out.dtype)
-        if variable:
-            flat[at : at + g.numel()] = g.reshape(-1)
-            at += n * g.shape[1]
-        else:
-            grad[: rows.numel(), col : col + g.shape[1]] = g
+def _apply(kernel: Any, device: torch.device, parts: List[Any]) -> None:
+    """One lookup per row of every feature of ``kernel`` (its features in order, a pseudo-sample
+    per row of the longest), backward with each row's gradient: the kernel's own update rule."""
+    size = max(r.numel() for r, _ in parts)
+    lengths = torch.zeros(len(parts), size, dtype=torch.int32)
+    for slot, (rows, _) in enumerate(parts):
+        lengths[slot, : rows.numel()] = 1
+    kjt = host_kjt(
+        [f"f{slot}" for slot in range(len(parts))],  # names do not matter to a kernel: order does
+        torch.cat([r for r, _ in parts]),
+        lengths.view(-1),
+        size,
+    ).to(device, non_blocking=True)
+    out = kernel(kjt)  # (size, sum of the features' dims), features in order
+    grad = torch.zeros_like(out)
+    col = 0
+    for rows, g in parts:
+        grad[: rows.numel(), col : col + g.shape[1]] = g.to(out.device, out.dtype)
         col += g.shape[1]
-    assert (at if variable else col * out.shape[0]) == out.numel(), "a kernel's output: its features' bags x dims"
+    assert col == out.shape[1], "a kernel's output columns are its features' dims"
     torch.autograd.backward(out, grad)

@@ -132,15 +132,13 @@ class StaleReplica:
             assert torch.equal(keys, self.keys), "a sync of the moved rows keeps the replica's rows"
             held = torch.ones(n, dtype=torch.bool)
             values = self.values.cpu()
-            found = torch.searchsorted(keys, moved).clamp_(max=max(0, n - 1))
-            suspects = found[keys.index_select(0, found) == moved] if n else found[:0]  # sorted positions
+            pos, found = self.locate(moved)
+            suspects = pos[found]  # sorted positions: ``moved`` is sorted
         else:
             # The rows held now, at their new positions (held[i]: keys[i] was in the replica).
-            before, old = self.keys, self.values.cpu()
-            pos = torch.searchsorted(before, keys).clamp_(max=max(0, before.numel() - 1))
-            held = (before.index_select(0, pos) == keys) if before.numel() else torch.zeros(n, dtype=torch.bool)
+            pos, held = self.locate(keys)
             values = torch.zeros(n, dim, dtype=torch.float32)
-            values[held] = old.index_select(0, pos[held])
+            values[held] = self.values.cpu().index_select(0, pos[held])
         filled = torch.zeros(n, dtype=torch.int64)  # columns received per row that joined
         firsts, cuts = unit_cuts(units, keys, self.index, feature_idx)
         current: List[torch.Tensor] = []  # the shards' rows read, to the host in one copy

@@ -139,14 +139,16 @@ class StaleServer:
         since, else only the rows pushed since the last sync. Collective (the same choice on
         every rank: step numbers)."""
         full = self._compared_at - self._rebuilt_at < self.batches_ahead
-        moved = None
-        if not full:
-            moved = torch.unique(torch.cat(self._pushed)) if self._pushed else torch.zeros(0, dtype=torch.int64)
+        moved = None if full else self._pushed_rows()
         keys = self.replica.keys
         self.replica.rebuild(self.tracker.units, keys, self.tracker.feature_index, self.sync_bound, moved=moved)
         if full:
             self._compared_at = int(step)
         self._pushed = []
+
+    def _pushed_rows(self) -> torch.Tensor:
+        """The rows the pushes since the last sync applied to this rank's shards, sorted."""
+        return torch.unique(torch.cat(self._pushed)) if self._pushed else torch.zeros(0, dtype=torch.int64)
 
     @property
     def rows(self) -> int:
@@ -197,7 +199,7 @@ class StaleServer:
             "push_seconds": self.push_seconds,
             "sum_seconds": self.sum_seconds,
             "compared": [self._rebuilt_at, self._compared_at],
-            "pushed": torch.unique(torch.cat(self._pushed)) if self._pushed else None,
+            "pushed": self._pushed_rows(),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -208,7 +210,7 @@ class StaleServer:
         self.sum_seconds = float(state["sum_seconds"])
         # a checkpoint from before these were kept: the next sync compares every row
         self._rebuilt_at, self._compared_at = state.get("compared", [0, -(1 << 30)])
-        self._pushed = [state["pushed"]] if state.get("pushed") is not None else []
+        self._pushed = [state["pushed"]] if state.get("pushed") is not None else []  # (None: older checkpoints)
 
 
 class NoServe:
