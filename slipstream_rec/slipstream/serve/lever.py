@@ -33,7 +33,10 @@ decision doubles the windows until the next (``span``); one that reverses it sta
 ``serve_look_budget`` of the steps waited: a window in the losing state costs (slower / faster
 - 1) of a window's steps, so at a budget of 1% a look where serving was 49% slower waits at
 least 49 windows (``look_windows``): the further apart the two figures, the rarer the look.
-Each decision, its two figures and its reason is a record (``decisions``).
+Each decision, its two figures and its reason is a record (``decisions``). A window serving on
+trial (``probe_on``) is also measured once ``MIN_TIMED`` of the way in: where serving is already
+``EARLY_LOSS`` past the rule's line, the lever stands down there (``early_end``), since the rest
+of the window would only add to its cost.
 
 The first ``SETTLE_STEPS`` steps of a window (plus ``trainer.lockstep_every_steps`` - 1, whose
 batches are split that much further ahead) are not timed: the batches the pipeline prefetched
@@ -74,6 +77,10 @@ logger = logging.getLogger(__name__)
 SETTLE_STEPS = 2
 # A window's figure needs at least this share of its steps timed (else it is not measured).
 MIN_TIMED = 0.25
+# A window serving is cut short after MIN_TIMED of its steps where serving already measures
+# this much slower than the rule's line (the step without it less serve_min_gain): its decision is
+# not near the line, and every further step of it is lost.
+EARLY_LOSS = 0.10
 
 
 class LeverState(Enum):
@@ -164,6 +171,29 @@ class ServeLever:
         return self.auto and self.state is not LeverState.looking
 
     @property
+    def cuts_short(self) -> bool:
+        """Whether the window now timed may end early (``early_end``): a window serving, with a
+        figure without serving to hold it against."""
+        return self.auto and self.state is LeverState.probe_on and self.off_s is not None
+
+    def early_end(self, step: int, seconds_per_step: Optional[float], timed_steps: int) -> Optional[LeverState]:
+        """The window serving measured ``seconds_per_step`` over its first ``timed_steps`` steps:
+        where that is over ``EARLY_LOSS`` slower than the rule's line (the step without serving
+        less ``min_gain``), decide now (stand down) instead of at the window's end. Returns the
+        state left, or None where the window runs on. Pure, as ``window_end``."""
+        if not self.cuts_short or seconds_per_step is None:
+            return None
+        assert self.off_s is not None
+        if seconds_per_step <= self.off_s * (1.0 - self.min_gain) * (1.0 + EARLY_LOSS):
+            return None
+        before = self.state
+        self.on_s = seconds_per_step
+        self._decide(step, before, f"after {timed_steps} steps serving, {100 * EARLY_LOSS:g}% past the line cuts the window short; ")
+        assert self.state is LeverState.down, "a window cut short loses by more than the rule's margin"
+        self.entered, self.since = step, 0
+        return self.state
+
+    @property
     def timing_serving(self) -> bool:
         """Whether the window now timed serves (its figure: the whole step) or not (less the
         tracking): waiting, nothing is served yet."""
@@ -214,7 +244,7 @@ class ServeLever:
         self.entered, self.since = step, 0
         return self.state
 
-    def _decide(self, step: int, before: LeverState) -> None:
+    def _decide(self, step: int, before: LeverState, early: str = "") -> None:
         assert self.on_s is not None and self.off_s is not None
         pays = self.on_s <= self.off_s * (1.0 - self.min_gain)
         faster = 1.0 - self.on_s / self.off_s if self.off_s > 0 else 0.0
@@ -235,7 +265,7 @@ class ServeLever:
         )  # fmt: skip
         self._record(
             step, before,
-            f"serving {1e3 * self.on_s:.1f} ms per step against {1e3 * self.off_s:.1f} ms without "
+            f"{early}serving {1e3 * self.on_s:.1f} ms per step against {1e3 * self.off_s:.1f} ms without "
             f"({100 * faster:+.1f}% faster, needs {100 * self.min_gain:+.1f}%): {verdict}",
         )  # fmt: skip
 
@@ -298,6 +328,11 @@ class WindowClock:
         """A window's timing is running."""
         return self._mark is not None
 
+    @property
+    def mark_step(self) -> int:
+        """The step after which the running window's timing started (-1: none running)."""
+        return self._mark[0] if self._mark is not None else -1
+
     def measure(
         self, step: int, serving: bool, tracking_seconds: float, on_agree: Callable[[int], None], least: int = 1
     ) -> Optional[float]:
@@ -332,27 +367,45 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
     # the timing starts at the window's mark, or again where the trainer's own timed steps end
     if lever.timed and (sched.window_mark(step) or (step == ctl.timed_from - 1 and clock.marked)):
         clock.mark(step, stats.tracking_seconds(ctl))
-    if not sched.window_end(step):
+    least = max(1, math.ceil(MIN_TIMED * lever.window))
+    ends = sched.window_end(step)
+    # A window serving checked once, ``least`` steps after its mark (a step every rank shares).
+    if not ends and lever.cuts_short and clock.marked and step == clock.mark_step + least:
+        with timed(ctl.seconds, "lever"):
+            measured = clock.measure(step, True, stats.tracking_seconds(ctl), ctl.count_control, least)
+            before = lever.state
+            after = lever.early_end(step, measured, least)
+            if after is not None:
+                clock.reset()
+                _switch(ctl, before, after, step)
+        return
+    if not ends:
         return
     with timed(ctl.seconds, "lever"):
         measured = None
         if lever.timed:
             tracking = stats.tracking_seconds(ctl)
-            least = max(1, math.ceil(MIN_TIMED * lever.window))
             measured = clock.measure(step, lever.timing_serving, tracking, ctl.count_control, least)
         ctl.window_clock.reset()
         before = lever.state
         after = lever.window_end(step, measured, ready=ctl.server.rows > 0)
-        if after is not None:  # all ranks take the same transition at the same step
-            ctl.plan.paused = not after.serves
-            if after is LeverState.down:
-                ctl.server.rebuild(torch.zeros(0, dtype=torch.int64), step)  # the replica emptied
-            elif before is LeverState.down:
-                # Looking again: the snapshots stopped while stood down, so this one re-bases
-                # the hot rows' changes and the next measures them over one interval.
-                ctl.tracker.snapshot()
-            elif after.serves and not before.serves:
-                ctl.server.rebuild(ctl.threshold.stale_now(step), step)  # the rows that moved meanwhile
-            ctl.tracker.set_counting(lever.tracks and sched.counts(step + 1))
-            if ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
-                logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])
+        if after is not None:
+            _switch(ctl, before, after, step)
+
+
+def _switch(ctl: "SlipstreamController", before: LeverState, after: LeverState, step: int) -> None:
+    """The lever went from ``before`` to ``after`` at ``step``: apply it. All ranks take the same
+    transition at the same step (collective where the replica is rebuilt or emptied)."""
+    lever, sched = ctl.lever, ctl.schedule
+    ctl.plan.paused = not after.serves
+    if after is LeverState.down:
+        ctl.server.rebuild(torch.zeros(0, dtype=torch.int64), step)  # the replica emptied
+    elif before is LeverState.down:
+        # Looking again: the snapshots stopped while stood down, so this one re-bases
+        # the hot rows' changes and the next measures them over one interval.
+        ctl.tracker.snapshot()
+    elif after.serves and not before.serves:
+        ctl.server.rebuild(ctl.threshold.stale_now(step), step)  # the rows that moved meanwhile
+    ctl.tracker.set_counting(lever.tracks and sched.counts(step + 1))
+    if ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
+        logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])

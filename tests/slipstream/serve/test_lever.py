@@ -235,3 +235,52 @@ def test_a_window_timed_over_too_few_steps_gives_no_figure():
     now[0] = 5.0
     assert wc.measure(20, True, 0.0, lambda n: None, least=11) is None
     assert wc.measure(20, True, 0.0, lambda n: None, least=10) == 0.5
+
+
+def test_a_window_serving_that_clearly_loses_is_cut_short():
+    from slipstream_rec.slipstream.serve.lever import EARLY_LOSS
+
+    lv = lever()
+    # no figure without serving yet, or not a window serving: nothing to cut
+    assert lv.early_end(110, 0.080, 13) is None and lv.state is S.waiting
+    assert lv.window_end(100, 0.040, ready=True) is S.probe_on
+    # at the edge (EARLY_LOSS slower than the rule's line, 2% under 40 ms) the window runs on;
+    # beyond it, the lever stands down now
+    assert lv.early_end(113, 0.040 * 0.98 * (1 + EARLY_LOSS), 13) is None and lv.state is S.probe_on
+    assert lv.early_end(113, None, 13) is None and lv.state is S.probe_on
+    assert lv.early_end(113, 0.0441, 13) is S.down and lv.entered == 113 and not lv.serves and not lv.tracks
+    rec = lv.decisions[-1]
+    assert (rec["from"], rec["to"], rec["step"], rec["serving_ms_per_step"]) == ("probe_on", "down", 113, 44.1)
+    assert rec["reason"].startswith("after 13 steps serving, 10% past the line cuts the window short; serving 44.1 ms")
+    # stood down, nothing is cut any more; a window serving that pays runs to its end
+    assert lv.early_end(120, 1.0, 13) is None and lv.state is S.down
+    lv = lever()
+    walk(lv, [0.040])
+    assert lv.early_end(113, 0.030, 13) is None and lv.window_end(150, 0.030, ready=True) is S.serving
+    # a serving state's windows are never cut (only a window serving on trial)
+    assert lv.early_end(163, 0.080, 13) is None and lv.state is S.serving
+    # the line moves with the margin: where serving may cost 90%, 10% slower is no loss
+    lv = lever(min_gain=-0.9)
+    walk(lv, [0.040])
+    assert lv.early_end(113, 0.0441, 13) is None and lv.early_end(113, 0.040 * 1.9 * 1.1 + 1e-6, 13) is S.down
+
+
+def test_the_controller_cuts_a_losing_window_serving_after_a_quarter_of_it():
+    from slipstream_rec.slipstream.serve.lever import lever_window_step
+
+    for slower, decided in [(1.25, 85), (1.05, 120)]:  # a quarter of 50 steps: 13 after the mark (72)
+        lv, clock = lever(), _Clock()
+        ctl = _controller(lv, clock)
+        clock.tracker = ctl.tracker
+        rebuilt = []
+        ctl.server.rebuild = lambda keys, s: rebuilt.append(s)
+        for n in range(1, 121):
+            clock.step(n)
+            if n > 70:
+                clock.now += 0.4 * slower - 0.5  # serving: the step takes `slower` times 0.4 s
+            ctl.server.rows = int(n >= 70)
+            lever_window_step(ctl, n)
+            if lv.state is S.down:
+                break
+        assert lv.state is S.down and lv.decisions[-1]["step"] == decided == n
+        assert lv.on_s == pytest.approx(0.4 * slower) and ctl.plan.paused and rebuilt[-1] == decided

@@ -25,6 +25,11 @@ LEVER = ["slipstream=serve", "slipstream.serve_when=auto", f"slipstream.serve_wi
          "slipstream.serve_look_budget=1", "downsampling=off"]  # fmt: skip
 
 
+def _up(step):
+    """The window end at or after ``step`` (a window serving that loses is cut short inside it)."""
+    return -(-step // WINDOW) * WINDOW
+
+
 def _records(run_dir, kind):
     return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
@@ -56,6 +61,8 @@ def test_costly_serving_stands_down_by_its_measured_step_times(runs):
     # decided by the first window serving, against the wait for the first stale rows (timed as a
     # window without serving)
     assert first["from"] == "probe_on" and first["to"] == "down", lever
+    # ... cut short: a quarter of the window timed (5 steps, after the 2 that settle) loses by far
+    assert first["step"] % WINDOW == 2 + 5 and "cuts the window short" in first["reason"], first
     # the decision follows the rule on the figures it records
     assert first["serving_ms_per_step"] > first["standing_down_ms_per_step"] * (1 - lever["min_gain"])
     assert "stand down" in first["reason"]
@@ -69,12 +76,13 @@ def test_costly_serving_stands_down_by_its_measured_step_times(runs):
 def test_standing_down_stops_serving_counting_and_snapshots_until_it_looks_again(runs):
     s, run_dir = runs["costly"]
     down = s["serve_lever"]["decisions"][0]["step"]
-    look = down + RECHECK["costly"] * WINDOW  # the window end that resumes tracking
+    # the rest of the cut window is not timed; the windows stood down after it are
+    look = _up(down) + RECHECK["costly"] * WINDOW  # the window end that resumes tracking
     train = {r["step"]: r for r in _records(run_dir, "train")}
     snapshots = [r["step"] for r in _records(run_dir, "slipstream")]
     assert not [t for t in snapshots if down < t <= look], snapshots  # none while stood down
     assert [t for t in snapshots if t > look], snapshots  # it looked again
-    a, b, c = train[down], train[down + WINDOW], train[look - WINDOW]  # stood down (rank 0's records)
+    a, b, c = train[_up(down)], train[_up(down) + WINDOW], train[look - WINDOW]  # stood down (rank 0's records)
     assert a["replica_rows"] == b["replica_rows"] == c["replica_rows"] == 0
     assert b["served_sums_unpushed"] == c["served_sums_unpushed"] == 0  # the last ones were pushed
     assert c["count_seconds"] == a["count_seconds"] and c["snapshot_seconds"] == a["snapshot_seconds"]
@@ -86,7 +94,7 @@ def test_standing_down_stops_serving_counting_and_snapshots_until_it_looks_again
     assert spent <= 0.01 * (c["time_total"] - b["time_total"]), (spent, c["time_total"] - b["time_total"])
     # standing down from a window serving: the batches split before it still train, and their
     # served gradients reach their shards in the next window's pushes
-    again = s["serve_lever"]["decisions"][1]["step"]
+    again = _up(s["serve_lever"]["decisions"][1]["step"])
     assert train[again + WINDOW]["served_sums_unpushed"] == 0
     # (the window before served, so did the batches split ahead of the decision: the counters
     # count at the split, on the data side)
