@@ -718,20 +718,40 @@ def test_the_defaults_on_two_links_at_dim16_table_quotes_its_run():
     _links_table("network_preset_defaults_clicklog_dim16", "| job (dim 16) | link | train s | vs `off` on that link |")
 
 
-def test_the_two_seed_defaults_table_at_dim128_quotes_its_runs():
-    doc = json.loads((RESULTS / "network_defaults_2seeds_dim128.json").read_text())
+def _seeded_links_table(name: str, header: str, rows_expected: List[Tuple[int, str]]) -> None:
+    """A table of the defaults against off per seed and link, each row with the lever's one
+    decision (step, verdict, its two figures), quoting ``benchmarks/results/<name>.json``."""
+    doc = json.loads((RESULTS / f"{name}.json").read_text())
     runs = {(r["job"], r["rate"], r["seed"]): r for r in doc["runs"]}
-    rows = _rows("docs/results/serve.md", "| seed | link | `off` train s | defaults train s | vs `off` |")
-    assert [(int(r[0]), r[1]) for r in rows] == [(0, "none"), (0, "1gbit"), (1, "none"), (1, "1gbit")]
-    assert doc["seeds"] == 2 and "network_defaults_2seeds_dim128.json" in doc["command"]
+    rows = _rows("docs/results/serve.md", header)
+    assert [(int(r[0]), r[1]) for r in rows] == rows_expected
+    assert doc["seeds"] == len({seed for seed, _ in rows_expected}) and f"{name}.json" in doc["command"]
 
     for cells in rows:
         off, mine = runs[("off", cells[1], int(cells[0]))], runs[("defaults", cells[1], int(cells[0]))]
         _check_pair(cells[2:8], off, mine)
-        (decision,) = mine["serve_lever"]["decisions"]
-        assert decision["from"] == "probe_on" and f"step {decision['step']}: " in cells[8]
-        assert ("serve" if decision["to"] == "serving" else "stand down") in cells[8]
-        _check(cells[8].split("(")[1], [decision["serving_ms_per_step"], decision["standing_down_ms_per_step"]])
+        decisions, quoted = mine["serve_lever"]["decisions"], cells[8].split("; ")
+        assert decisions[0]["from"] == "probe_on" and len(quoted) == len(decisions), (cells[8], decisions)
+        for decision, part in zip(decisions, quoted):
+            assert part.startswith(f"step {decision['step']}: ")
+            assert ("serve" if decision["to"] == "serving" else "stand down") in part
+            _check(part.split("(")[1], [decision["serving_ms_per_step"], decision["standing_down_ms_per_step"]])
+
+
+def test_the_two_seed_defaults_table_at_dim128_quotes_its_runs():
+    _seeded_links_table(
+        "network_defaults_2seeds_dim128", "| seed | link | `off` train s | defaults train s | vs `off` |",
+        [(0, "none"), (0, "1gbit"), (1, "none"), (1, "1gbit")],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name, header, rows", [
+    ("network_early_cut_2seeds_dim128", "| seed (trial cut short) | link |", [(0, "none"), (0, "1gbit"), (1, "none"), (1, "1gbit")]),
+    ("network_early_cut_unshaped_dim16", "| seed (dim 16, `off` first) | link |", [(0, "none"), (1, "none")]),
+    ("network_early_cut_unshaped_dim16_reversed", "| seed (dim 16, defaults first) | link |", [(0, "none"), (1, "none")]),
+])  # fmt: skip
+def test_the_trial_cut_short_tables_quote_their_runs(name, header, rows):
+    _seeded_links_table(name, header, rows)
 
 
 def test_the_three_seed_dim16_table_quotes_its_runs():
