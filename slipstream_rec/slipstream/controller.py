@@ -15,7 +15,8 @@ calls each of them on the same steps:
   update (the rows the push just moved); at a snapshot: the hot set chosen (the first time), the
   snapshot itself, the hot set chosen again (a refresh), the quality check and then the
   threshold T (``threshold.py``), and the replica rebuilt to the new stale set; last, the serve
-  lever's window (``serve/lever.py``): timed and, at its end, serving kept or stood down.
+  lever's window (``serve/lever_clock.py``, the rule in ``serve/lever.py``): timed and, at its
+  end, serving kept or stood down.
   The collectives there are entered by all ranks.
 
 Every policy runs this same code. A policy that does not use a component gets its null version
@@ -45,7 +46,8 @@ from slipstream_rec.slipstream.quality import NoQuality, QualityCheck
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.slipstream.schedule import Schedule
 from slipstream_rec.slipstream.serve import NoServe, StaleServer
-from slipstream_rec.slipstream.serve.lever import SETTLE_STEPS, ServeLever, WindowClock, lever_window_step
+from slipstream_rec.slipstream.serve.lever import SETTLE_STEPS, ServeLever
+from slipstream_rec.slipstream.serve.lever_clock import WindowClock, lever_window_step
 from slipstream_rec.slipstream.stream import SkippingStream, StreamTotals
 from slipstream_rec.slipstream.threshold import StaleThreshold
 from slipstream_rec.slipstream.tracker import NoTracking, StalenessTracker, hot_budget_bytes

@@ -42,35 +42,23 @@ The first ``SETTLE_STEPS`` steps of a window (plus ``trainer.lockstep_every_step
 batches are split that much further ahead) are not timed: the batches the pipeline prefetched
 before a switch were split under the previous state, and the switch's own replica copy lands
 there. Nor are the steps before ``timed_from`` (the trainer's: the precision probe's fp32 and
-bf16 turns): a window's timing that started before it starts again there. This module is the rule on measured figures (pure, unit-tested on recorded timings);
-the controller measures, agrees and applies it (``controller.py``).
+bf16 turns): a window's timing that started before it starts again there. This module is the
+rule on measured figures (pure, unit-tested on recorded timings); ``lever_clock.py`` times the
+windows, agrees on their figures and applies the rule's transitions, after every step.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-import torch
-import torch.distributed as dist
-
-from slipstream_rec.distributed import all_reduce_
-from slipstream_rec.timing import timed
-from slipstream_rec.slipstream import stats
 from slipstream_rec.slipstream.config import ServeWhen, SlipstreamConfig
 
-if TYPE_CHECKING:  # the controller imports this module
-    from slipstream_rec.slipstream.controller import SlipstreamController
-
 __all__ = [
-    "LeverState", "ServeLever", "SETTLE_STEPS", "WindowClock", "lever_window_step", "look_windows", "window_loss",
-    "window_steps",
+    "EARLY_LOSS", "LeverState", "MIN_TIMED", "ServeLever", "SETTLE_STEPS", "look_windows", "window_loss", "window_steps",
 ]  # fmt: skip
-
-logger = logging.getLogger(__name__)
 
 # Steps after a window boundary before its timing starts: TorchRec's TrainPipelineSparseDist
 # holds two batches ahead, split under the state before the boundary.
@@ -308,104 +296,3 @@ class ServeLever:
         self.on_s, self.off_s, self.since = state["on_s"], state["off_s"], int(state["since"])
         self.entered, self.span = int(state["entered"]), int(state["span"])
         self.decisions = list(state["decisions"])
-
-
-class WindowClock:
-    """Times the lever's windows on the trainer's clock (training seconds, the device's queue
-    drained; set by the trainer before the first step): a mark where a window's timed part
-    starts, and at its end the slowest rank's seconds per step (collective)."""
-
-    def __init__(self) -> None:
-        self.clock: Optional[Callable[[], float]] = None
-        self._mark: Optional[Tuple[int, float, float]] = None  # (step, clock, tracking seconds)
-
-    def mark(self, step: int, tracking_seconds: float) -> None:
-        assert self.clock is not None, "serve_when=auto needs the trainer's clock"
-        self._mark = (step, self.clock(), tracking_seconds)
-
-    @property
-    def marked(self) -> bool:
-        """A window's timing is running."""
-        return self._mark is not None
-
-    @property
-    def mark_step(self) -> int:
-        """The step after which the running window's timing started (-1: none running)."""
-        return self._mark[0] if self._mark is not None else -1
-
-    def measure(
-        self, step: int, serving: bool, tracking_seconds: float, on_agree: Callable[[int], None], least: int = 1
-    ) -> Optional[float]:
-        """Seconds per step since the mark, the slowest rank's; not serving, less the tracking
-        work done meanwhile (the step Slipstream would leave). None where this run has no mark
-        (resumed inside the window) or timed fewer than ``least`` steps. Collective: all ranks
-        enter one MAX all-reduce."""
-        per_step = -1.0
-        if self._mark is not None and step - self._mark[0] >= least:
-            s0, c0, k0 = self._mark
-            assert self.clock is not None, "serve_when=auto needs the trainer's clock"
-            elapsed = self.clock() - c0
-            if not serving:
-                elapsed -= tracking_seconds - k0
-            per_step = elapsed / max(1, step - s0)
-        t = all_reduce_(torch.tensor([per_step], dtype=torch.float64), dist.ReduceOp.MAX)  # all ranks
-        on_agree(t.numel() * t.element_size())
-        agreed = float(t.item())
-        return agreed if agreed >= 0 else None
-
-    def reset(self) -> None:
-        self._mark = None
-
-
-def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
-    """After every step (all ranks): time the lever's window; at its end let the lever decide and
-    apply its state. Collective where a timed window ends (one MAX all-reduce) and where the
-    state changes (the replica rebuilt or emptied, a re-basing snapshot). Standing down empties
-    the replica and stops counting and snapshots; looking again resumes them with a snapshot
-    that re-bases the hot rows' changes; serving again rebuilds the replica to the stale set."""
-    lever, sched, clock = ctl.lever, ctl.schedule, ctl.window_clock
-    # the timing starts at the window's mark, or again where the trainer's own timed steps end
-    if lever.timed and (sched.window_mark(step) or (step == ctl.timed_from - 1 and clock.marked)):
-        clock.mark(step, stats.tracking_seconds(ctl))
-    least = max(1, math.ceil(MIN_TIMED * lever.window))
-    ends = sched.window_end(step)
-    # A window serving checked once, ``least`` steps after its mark (a step every rank shares).
-    if not ends and lever.cuts_short and clock.marked and step == clock.mark_step + least:
-        with timed(ctl.seconds, "lever"):
-            measured = clock.measure(step, True, stats.tracking_seconds(ctl), ctl.count_control, least)
-            before = lever.state
-            after = lever.early_end(step, measured, least)
-            if after is not None:
-                clock.reset()
-                _switch(ctl, before, after, step)
-        return
-    if not ends:
-        return
-    with timed(ctl.seconds, "lever"):
-        measured = None
-        if lever.timed:
-            tracking = stats.tracking_seconds(ctl)
-            measured = clock.measure(step, lever.timing_serving, tracking, ctl.count_control, least)
-        ctl.window_clock.reset()
-        before = lever.state
-        after = lever.window_end(step, measured, ready=ctl.server.rows > 0)
-        if after is not None:
-            _switch(ctl, before, after, step)
-
-
-def _switch(ctl: "SlipstreamController", before: LeverState, after: LeverState, step: int) -> None:
-    """The lever went from ``before`` to ``after`` at ``step``: apply it. All ranks take the same
-    transition at the same step (collective where the replica is rebuilt or emptied)."""
-    lever, sched = ctl.lever, ctl.schedule
-    ctl.plan.paused = not after.serves
-    if after is LeverState.down:
-        ctl.server.rebuild(torch.zeros(0, dtype=torch.int64), step)  # the replica emptied
-    elif before is LeverState.down:
-        # Looking again: the snapshots stopped while stood down, so this one re-bases
-        # the hot rows' changes and the next measures them over one interval.
-        ctl.tracker.snapshot()
-    elif after.serves and not before.serves:
-        ctl.server.rebuild(ctl.threshold.stale_now(step), step)  # the rows that moved meanwhile
-    ctl.tracker.set_counting(lever.tracks and sched.counts(step + 1))
-    if ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
-        logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])

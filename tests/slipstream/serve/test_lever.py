@@ -172,71 +172,6 @@ def test_windows_hold_whole_snapshot_intervals(requested, interval, expected):
     assert window_steps(requested, interval) == expected
 
 
-class _Clock:
-    """A trainer clock: 1 s a step through the precision probe's steps (5-36), 0.5 s after, of
-    which 0.1 s is Slipstream's tracking (counting, in the forward) up to step 70."""
-
-    def __init__(self):
-        self.now = 0.0
-        self.tracker = None
-
-    def step(self, n):
-        self.now += 1.0 if n <= 36 else 0.5
-        if n <= 70:
-            self.tracker.count_seconds += 0.1
-
-
-def _controller(lv, clock):
-    from types import SimpleNamespace
-
-    from slipstream_rec.slipstream.schedule import Schedule
-    from slipstream_rec.slipstream.serve.lever import WindowClock
-
-    wc = WindowClock()
-    wc.clock = lambda: clock.now
-    rebuilt = []
-    return SimpleNamespace(
-        lever=lv, window_clock=wc, timed_from=37, is_rank0=False, count_control=lambda n: None,
-        schedule=Schedule(tracks=True, serves=True, count_steps=20, count_every=4, snapshot_interval=50,
-                          sync_every=10, hot_refresh_steps=0, lever_window=50, settle=2),
-        seconds={"classify": 0.0, "snapshot": 0.0, "sync": 0.0, "lever": 0.0},
-        tracker=SimpleNamespace(count_seconds=0.0, snapshot=lambda: None, set_counting=lambda on: None),
-        quality=SimpleNamespace(seconds=0.0),
-        server=SimpleNamespace(push_seconds=0.0, sum_seconds=0.0, rows=0, rebuild=lambda k, s: rebuilt.append(s)),
-        plan=SimpleNamespace(paused=False), threshold=SimpleNamespace(stale_now=lambda s: None),
-    )  # fmt: skip
-
-
-def test_the_lever_times_no_step_of_the_trainers_precision_probe():
-    from slipstream_rec.slipstream.serve.lever import lever_window_step
-
-    lv, clock = lever(), _Clock()
-    ctl = _controller(lv, clock)
-    clock.tracker = ctl.tracker
-    for n in range(1, 71):  # the window 20-70: marked after step 22, the probe's steps to 36
-        clock.step(n)
-        ctl.server.rows = int(n >= 70)  # the first stale rows at step 70's snapshot
-        lever_window_step(ctl, n)
-    # timed from step 37 only, as a window without serving: less the tracking
-    assert lv.state is S.probe_on and lv.off_s == pytest.approx(0.4)
-    # a window that starts after the probe is timed from its own mark; serving: the whole step
-    for n in range(71, 121):
-        clock.step(n)
-        lever_window_step(ctl, n)
-    assert lv.state is S.down and lv.on_s == pytest.approx(0.5)  # (0.5 is not 2% faster than 0.4)
-
-
-def test_a_window_timed_over_too_few_steps_gives_no_figure():
-    from slipstream_rec.slipstream.serve.lever import WindowClock
-
-    wc, now = WindowClock(), [0.0]
-    wc.clock = lambda: now[0]
-    wc.mark(10, 0.0)
-    now[0] = 5.0
-    assert wc.measure(20, True, 0.0, lambda n: None, least=11) is None
-    assert wc.measure(20, True, 0.0, lambda n: None, least=10) == 0.5
-
-
 def test_a_window_serving_that_clearly_loses_is_cut_short():
     from slipstream_rec.slipstream.serve.lever import EARLY_LOSS
 
@@ -263,24 +198,3 @@ def test_a_window_serving_that_clearly_loses_is_cut_short():
     lv = lever(min_gain=-0.9)
     walk(lv, [0.040])
     assert lv.early_end(113, 0.0441, 13) is None and lv.early_end(113, 0.040 * 1.9 * 1.1 + 1e-6, 13) is S.down
-
-
-def test_the_controller_cuts_a_losing_window_serving_after_a_quarter_of_it():
-    from slipstream_rec.slipstream.serve.lever import lever_window_step
-
-    for slower, decided in [(1.25, 85), (1.05, 120)]:  # a quarter of 50 steps: 13 after the mark (72)
-        lv, clock = lever(), _Clock()
-        ctl = _controller(lv, clock)
-        clock.tracker = ctl.tracker
-        rebuilt = []
-        ctl.server.rebuild = lambda keys, s: rebuilt.append(s)
-        for n in range(1, 121):
-            clock.step(n)
-            if n > 70:
-                clock.now += 0.4 * slower - 0.5  # serving: the step takes `slower` times 0.4 s
-            ctl.server.rows = int(n >= 70)
-            lever_window_step(ctl, n)
-            if lv.state is S.down:
-                break
-        assert lv.state is S.down and lv.decisions[-1]["step"] == decided == n
-        assert lv.on_s == pytest.approx(0.4 * slower) and ctl.plan.paused and rebuilt[-1] == decided
