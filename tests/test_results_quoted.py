@@ -747,6 +747,7 @@ def test_the_two_seed_defaults_table_at_dim128_quotes_its_runs():
 
 @pytest.mark.parametrize("name, header, rows", [
     ("network_early_cut_2seeds_dim128", "| seed (trial cut short) | link |", [(0, "none"), (0, "1gbit"), (1, "none"), (1, "1gbit")]),
+    ("network_early_cut_unshaped_dim128_reversed", "| seed (dim 128, defaults first) | link |", [(0, "none"), (1, "none")]),
     ("network_early_cut_unshaped_dim16", "| seed (dim 16, `off` first) | link |", [(0, "none"), (1, "none")]),
     ("network_early_cut_unshaped_dim16_reversed", "| seed (dim 16, defaults first) | link |", [(0, "none"), (1, "none")]),
 ])  # fmt: skip
