@@ -87,25 +87,24 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
     if lever.timed and (sched.window_mark(step) or (step == ctl.timed_from - 1 and clock.marked)):
         clock.mark(step, stats.tracking_seconds(ctl))
     least = max(1, math.ceil(MIN_TIMED * lever.window))
-    ends = sched.window_end(step)
-    # A window serving checked once, ``least`` steps after its mark (a step every rank shares).
-    if not ends and lever.cuts_short and clock.marked and step == clock.mark_step + least:
-        with timed(ctl.seconds, "lever"):
-            measured = clock.measure(step, True, stats.tracking_seconds(ctl), ctl.count_control, least)
-            before = lever.state
-            after = lever.early_end(step, measured, least)
-            if after is not None:
-                clock.reset()
-                _switch(ctl, before, after, step)
-        return
-    if not ends:
+    if not sched.window_end(step):
+        # A window serving on trial is checked once, ``least`` steps after its mark (a step every
+        # rank shares), and may end there.
+        if lever.cuts_short and clock.marked and step == clock.mark_step + least:
+            with timed(ctl.seconds, "lever"):
+                measured = clock.measure(step, True, stats.tracking_seconds(ctl), ctl.count_control, least)
+                before = lever.state
+                after = lever.early_end(step, measured, least)
+                if after is not None:
+                    clock.reset()
+                    _switch(ctl, before, after, step)
         return
     with timed(ctl.seconds, "lever"):
         measured = None
         if lever.timed:
             tracking = stats.tracking_seconds(ctl)
             measured = clock.measure(step, lever.timing_serving, tracking, ctl.count_control, least)
-        ctl.window_clock.reset()
+        clock.reset()
         before = lever.state
         after = lever.window_end(step, measured, ready=ctl.server.rows > 0)
         if after is not None:

@@ -37,6 +37,7 @@ def _controller(lv, clock):
     rebuilt = []
     return SimpleNamespace(
         lever=lv, window_clock=wc, timed_from=37, is_rank0=False, count_control=lambda n: None,
+        rebuilt=rebuilt,  # the steps the replica was rebuilt (or emptied) at
         schedule=Schedule(tracks=True, serves=True, count_steps=20, count_every=4, snapshot_interval=50,
                           sync_every=10, hot_refresh_steps=0, lever_window=50, settle=2),
         seconds={"classify": 0.0, "snapshot": 0.0, "sync": 0.0, "lever": 0.0},
@@ -78,8 +79,6 @@ def test_the_controller_cuts_a_losing_window_serving_after_a_quarter_of_it():
         lv, clock = lever(), _Clock()
         ctl = _controller(lv, clock)
         clock.tracker = ctl.tracker
-        rebuilt = []
-        ctl.server.rebuild = lambda keys, s: rebuilt.append(s)
         for n in range(1, 121):
             clock.step(n)
             if n > 70:
@@ -89,4 +88,4 @@ def test_the_controller_cuts_a_losing_window_serving_after_a_quarter_of_it():
             if lv.state is S.down:
                 break
         assert lv.state is S.down and lv.decisions[-1]["step"] == decided == n
-        assert lv.on_s == pytest.approx(0.4 * slower) and ctl.plan.paused and rebuilt[-1] == decided
+        assert lv.on_s == pytest.approx(0.4 * slower) and ctl.plan.paused and ctl.rebuilt[-1] == decided
