@@ -234,7 +234,8 @@ class SlipstreamController:
         kinds = ["count"] if lever.tracks and sched.counts(step) else []
         kinds += ["snapshot"] if lever.tracks and sched.snapshot(step) else []
         kinds += ["sync"] if sched.sync(step) and lever.pushes(step) else []
-        return kinds + (["lever"] if sched.window_end(step) or sched.window_mark(step) else [])
+        lever_step = sched.window_end(step) or sched.window_mark(step) or step == self.window_clock.checked
+        return kinds + (["lever"] if lever_step else [])
 
     def eval_logit_offset(self) -> float:
         """What evaluation adds to every logit for the policy's own skips (``SkipDecider``);

@@ -37,6 +37,7 @@ class WindowClock:
     def __init__(self) -> None:
         self.clock: Optional[Callable[[], float]] = None
         self._mark: Optional[Tuple[int, float, float]] = None  # (step, clock, tracking seconds)
+        self.checked = -1  # the last step a trial serving was checked at (a lever step: its all-reduce)
 
     def mark(self, step: int, tracking_seconds: float) -> None:
         assert self.clock is not None, "serve_when=auto needs the trainer's clock"
@@ -91,6 +92,7 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
         # A window serving on trial is checked once, ``least`` steps after its mark (a step every
         # rank shares), and may end there.
         if lever.cuts_short and clock.marked and step == clock.mark_step + least:
+            clock.checked = step
             with timed(ctl.seconds, "lever"):
                 measured = clock.measure(step, True, stats.tracking_seconds(ctl), ctl.count_control, least)
                 before = lever.state

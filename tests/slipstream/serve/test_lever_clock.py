@@ -88,4 +88,5 @@ def test_the_controller_cuts_a_losing_window_serving_after_a_quarter_of_it():
             if lv.state is S.down:
                 break
         assert lv.state is S.down and lv.decisions[-1]["step"] == decided == n
+        assert ctl.window_clock.checked == 85  # checked once, cut or not: a lever step
         assert lv.on_s == pytest.approx(0.4 * slower) and ctl.plan.paused and ctl.rebuilt[-1] == decided
