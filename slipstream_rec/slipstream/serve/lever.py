@@ -33,6 +33,9 @@ decision doubles the windows until the next (``span``); one that reverses it sta
 ``serve_look_budget`` of the steps waited: a window in the losing state costs (slower / faster
 - 1) of a window's steps, so at a budget of 1% a look where serving was 49% slower waits at
 least 49 windows (``look_windows``): the further apart the two figures, the rarer the look.
+The decision prices that wait from its two figures; every window of the decided state prices it
+again from the mean of the state's own windows (``_rebudget``), so that one noisy trial window
+does not set it for the rest of the run.
 Each decision, its two figures and its reason is a record (``decisions``). A window serving on
 trial (``probe_on``) is also measured once ``MIN_TIMED`` of the way in: where serving is already
 ``EARLY_LOSS`` past the rule's line, the lever stands down there (``early_end``), since the rest
@@ -126,6 +129,8 @@ class ServeLever:
     off_s: Optional[float] = None  # seconds per step standing down, latest measured window
     since: int = 0  # windows measured in the current decided state (serving, down)
     span: int = 0  # windows of the decided state before its next re-check (0: recheck_windows)
+    base: int = 0  # the span from the re-checks alone (recheck_windows, doubled per confirmation)
+    state_s: float = 0.0  # the sum of the decided state's window figures (seconds per step)
     entered: int = 0  # the step the current state began
     decisions: List[Dict[str, Any]] = field(default_factory=list)
     _new: List[Dict[str, Any]] = field(default_factory=list)  # not yet taken by the log
@@ -178,7 +183,7 @@ class ServeLever:
         self.on_s = seconds_per_step
         self._decide(step, before, f"after {timed_steps} steps serving, {100 * EARLY_LOSS:g}% past the line cuts the window short; ")
         assert self.state is LeverState.down, "a window cut short loses by more than the rule's margin"
-        self.entered, self.since = step, 0
+        self.entered, self.since, self.state_s = step, 0, 0.0
         return self.state
 
     @property
@@ -203,7 +208,7 @@ class ServeLever:
         elif s is LeverState.looking:
             self.state = LeverState.probe_on if ready else LeverState.down
             if not ready:  # stood down again: the next look waits twice as long
-                self.span = 2 * (self.span or self.recheck_windows)
+                self.span = self.base = 2 * (self.span or self.recheck_windows)
                 self._record(step, before, f"nothing stale to serve after looking again: stand down for "
                                            f"{self.span * self.window} steps")  # fmt: skip
         elif seconds_per_step is None:
@@ -219,18 +224,34 @@ class ServeLever:
             self._decide(step, before)
         elif s is LeverState.serving:
             self.on_s = seconds_per_step
-            self.since += 1
+            self._rebudget(seconds_per_step)
             if self.since >= (self.span or self.recheck_windows):
                 self.state = LeverState.probe_off
         elif s is LeverState.down:
             self.off_s = seconds_per_step
-            self.since += 1
+            self._rebudget(seconds_per_step)
             if self.since >= (self.span or self.recheck_windows):
                 self.state = LeverState.looking
         if self.state is before:
             return None
-        self.entered, self.since = step, 0
+        self.entered, self.since, self.state_s = step, 0, 0.0
         return self.state
+
+    def _rebudget(self, seconds_per_step: float) -> None:
+        """A window of the decided state (serving, down) measured ``seconds_per_step``: the wait
+        before the re-check follows the mean of the state's windows so far, held against the
+        other state's last figure. The decision priced the re-check from one window (serving on
+        trial carries the replica's first whole syncs: measured 236.6 ms a step where the
+        windows after it took 210), and the state's own windows price it better; a mean, since
+        single windows swing with the refreshes and syncs that fall in them. The wait never
+        falls below the re-checks' own span (``base``)."""
+        self.since += 1
+        self.state_s += seconds_per_step
+        mean = self.state_s / self.since
+        on, off = (mean, self.off_s) if self.state is LeverState.serving else (self.on_s, mean)
+        if on is None or off is None:  # a state entered without a decision (a resumed run)
+            return
+        self.span = max(self.base or self.recheck_windows, look_windows(window_loss(on, off), self.look_budget))
 
     def _decide(self, step: int, before: LeverState, early: str = "") -> None:
         assert self.on_s is not None and self.off_s is not None
@@ -240,9 +261,11 @@ class ServeLever:
         # a re-check that confirms the last decision doubles the wait before the next one
         confirmed = bool(self.decisions) and self.decisions[-1]["to"] == self.state.value
         span = 2 * (self.span or self.recheck_windows) if confirmed else self.recheck_windows
-        # ... and never so soon that its window in the losing state costs over the budget
+        # ... and never so soon that its window in the losing state costs over the budget (read
+        # again from the new state's own windows as they come: ``_rebudget``)
         loss = window_loss(self.on_s, self.off_s)
         budgeted = look_windows(loss, self.look_budget)
+        self.base = span
         self.span = max(span, budgeted)
         again = f"{self.span * self.window} steps"
         if budgeted > span:
@@ -282,17 +305,28 @@ class ServeLever:
             "min_gain": self.min_gain,
             "serving_ms_per_step": _ms(self.on_s),
             "standing_down_ms_per_step": _ms(self.off_s),
+            # where serving or standing down is re-checked next (None: in no decided state)
+            "recheck_at_step": (
+                self.entered + (self.span or self.recheck_windows) * self.window
+                if self.auto and self.state in (LeverState.serving, LeverState.down) else None
+            ),
             "decisions": list(self.decisions),
         }
 
     def state_dict(self) -> Dict[str, Any]:
         return {
             "state": self.state.value, "on_s": self.on_s, "off_s": self.off_s, "since": self.since,
-            "entered": self.entered, "span": self.span, "decisions": list(self.decisions),
+            "entered": self.entered, "span": self.span, "base": self.base, "state_s": self.state_s,
+            "decisions": list(self.decisions),
         }  # fmt: skip
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.state = LeverState(state["state"])
         self.on_s, self.off_s, self.since = state["on_s"], state["off_s"], int(state["since"])
         self.entered, self.span = int(state["entered"]), int(state["span"])
+        # (a checkpoint from before the state's own mean: its span stands as the base, and its
+        # windows so far count at the figure they left)
+        self.base = int(state.get("base", self.span))
+        last = self.on_s if self.state is LeverState.serving else self.off_s
+        self.state_s = float(state.get("state_s", (last or 0.0) * self.since))
         self.decisions = list(state["decisions"])

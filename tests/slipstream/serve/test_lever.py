@@ -198,3 +198,55 @@ def test_a_window_serving_that_clearly_loses_is_cut_short():
     lv = lever(min_gain=-0.9)
     walk(lv, [0.040])
     assert lv.early_end(113, 0.0441, 13) is None and lv.early_end(113, 0.040 * 1.9 * 1.1 + 1e-6, 13) is S.down
+
+
+def test_a_slow_trial_window_does_not_set_the_recheck_the_serving_windows_do():
+    # The trial window carries the replica's first whole syncs: serving 0.0115 against 0.012
+    # without prices a re-check window at 4% (5 windows at a 1% budget); the serving windows
+    # that follow measure 0.010, a re-check window at 20%: the re-check moves to 20 windows.
+    lv = lever(recheck=2, look_budget=0.01)
+    walk(lv, [None, 0.0115, 0.012])
+    assert lv.state is S.serving and lv.span == 5 and lv.entered == 200
+    assert lv.summary()["recheck_at_step"] == 200 + 5 * 50
+    assert walk(lv, [0.010] * 20, start=250) == [S.serving] * 19 + [S.probe_off]
+    assert lv.decisions[-1]["step"] == 200  # moving the re-check is no decision
+    # stood down, the same: a look priced from serving 49% slower (49 windows) comes sooner as
+    # the stood-down windows approach serving's figure (0.0149 against a mean of 0.0125: 20)
+    lv = lever(recheck=2, look_budget=0.01)
+    walk(lv, [None, 0.0149, 0.0100])
+    assert lv.state is S.down and lv.span == 49
+    assert walk(lv, [0.0125] * 20, start=250) == [S.down] * 19 + [S.looking]
+
+
+def test_the_recheck_follows_the_mean_of_the_state_s_windows_not_its_latest():
+    lv = lever(recheck=2, look_budget=0.01)
+    walk(lv, [None, 0.010, 0.012])  # serving: 20 windows
+    # a slow window (a hot-set refresh, a resync) among fast ones: the mean of ten windows, 0.01019,
+    # keeps the re-check at 18 windows; the window alone (0.0119) would re-check now
+    assert walk(lv, [0.010] * 9 + [0.0119], start=250) == [S.serving] * 10
+    assert lv.span == 18 and lv.summary()["recheck_at_step"] == 200 + 18 * 50
+
+
+def test_the_recheck_never_comes_before_the_confirmations_span():
+    lv = lever(recheck=2, look_budget=0.01)
+    walk(lv, [None, 0.0149, 0.0100])  # down, 49 windows
+    walk(lv, [0.01] * 49 + [None, 0.0103], start=250)  # a look confirms: doubled to 98
+    assert lv.state is S.down and lv.span == lv.base == 98
+    # stood-down windows that make a look cheap (0.0102 against 0.0103: 1 window) keep the 98
+    assert walk(lv, [0.0102] * 97 + [0.0102], start=2800) == [S.down] * 97 + [S.looking]
+
+
+def test_the_state_s_mean_round_trips_and_an_older_state_resumes():
+    lv = lever(recheck=2, look_budget=0.01)
+    walk(lv, [None, 0.0115, 0.012] + [0.010] * 3)
+    again = lever(recheck=2, look_budget=0.01)
+    again.load_state_dict(lv.state_dict())
+    assert (again.base, again.state_s, again.span) == (lv.base, lv.state_s, lv.span) == (2, pytest.approx(0.03), 20)
+    assert walk(again, [0.010] * 17, start=400) == walk(lv, [0.010] * 17, start=400)
+    # a state saved before the mean: its span is the base, its windows count at the last figure
+    old = lv.state_dict()
+    for key in ("base", "state_s"):
+        old.pop(key)
+    again = lever(recheck=2, look_budget=0.01)
+    again.load_state_dict(old)
+    assert again.base == again.span and again.state_s == pytest.approx(again.on_s * again.since)
