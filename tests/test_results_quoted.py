@@ -755,6 +755,20 @@ def test_the_trial_cut_short_tables_quote_their_runs(name, header, rows):
     _seeded_links_table(name, header, rows)
 
 
+def test_the_recheck_from_the_serving_windows_table_quotes_its_runs():
+    """e8f15bd's 3 seeds over 1gbit at dim 128: the pair, the decision, and where the re-check
+    fell as the decision priced it (its reason) and as the serving windows moved it (summary)."""
+    name, header = "network_recheck_mean_3seeds_dim128", "| seed (re-check from the serving windows) | link |"
+    _seeded_links_table(name, header, [(0, "1gbit"), (1, "1gbit"), (2, "1gbit")])
+    doc = json.loads((RESULTS / f"{name}.json").read_text())
+    runs = {r["seed"]: r for r in doc["runs"] if r["job"] == "defaults"}
+    for cells in _rows("docs/results/serve.md", header):
+        lever = runs[int(cells[0])]["serve_lever"]
+        decision = lever["decisions"][-1]
+        priced = decision["step"] + int(decision["reason"].split("re-checked in ")[1].split(" steps")[0])
+        assert cells[9] == f"step {priced}, then {lever['recheck_at_step']}", cells
+
+
 def test_the_three_seed_dim16_table_quotes_its_runs():
     doc = json.loads((RESULTS / "network_defaults_3seeds_dim16_200mbit.json").read_text())
     runs = {(r["job"], r["seed"]): r for r in doc["runs"]}
