@@ -169,7 +169,7 @@ def serve_step_worker(env, kind: str, lr: float, every: int = 4, wire: str = "fp
     serve_opt.step()
     # what the push sent to other ranks: each row's key and its values at the wire's width
     off_rank = sum(int(m.sum()) for r, m in enumerate(grads.owners.masks(pushed)) if r != env.rank)
-    assert sent == off_rank * (8 + DIM * (4 if wire == "fp32" else 2)), (sent, off_rank)
+    assert sent == off_rank * (4 + DIM * (4 if wire == "fp32" else 2)), (sent, off_rank)  # int32 keys
 
     torch.testing.assert_close(logits, off_logits, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(plain_logits, off_logits.detach(), rtol=1e-5, atol=1e-6)

@@ -120,8 +120,8 @@ class StaleReplica:
         sent before, which a full comparison would send again where it exceeds the resolution.
 
         Collective: ALL ranks enter (per shard slice sent, a (column, width, rows) descriptor
-        and the rows' positions in ``keys`` through the host group, then their values through
-        the main backend, sized by the descriptors; empty where a rank sends nothing). Each rank
+        and the rows' positions in ``keys`` (int32) through the host group, then their values
+        through the main backend, sized by the descriptors; empty where a rank sends nothing). Each rank
         compares and sends the slices it holds of non-replicated shards; data-parallel rows are
         copied locally. Every rank ends with the same rows.
         """
@@ -183,15 +183,19 @@ class StaleReplica:
                 out = rows.index_select(0, idx)
                 send.append((out if self.resolution == 0 else out - copy.index_select(0, idx)).reshape(-1))
         mine = torch.tensor(descriptors, dtype=torch.int64)
-        where = torch.cat(positions) if positions else torch.zeros(0, dtype=torch.int64)
+        # positions in ``keys`` travel as int32 (a replica holds fewer than 2^31 rows): half
+        # their bytes (at dim 16 in bf16 a row's 4 + 32 bytes instead of 8 + 32)
+        assert n <= torch.iinfo(torch.int32).max, "replica positions fit int32"
+        where = torch.cat(positions).to(torch.int32) if positions else torch.zeros(0, dtype=torch.int32)
         wire = self.wire_dtype
         sent = torch.cat(send).to(home, wire) if send else torch.zeros(0, dtype=wire, device=home)
-        self.sync_bytes += (mine.numel() + where.numel()) * 8 + sent.numel() * sent.element_size()
+        self.sync_bytes += mine.numel() * 8 + where.numel() * 4 + sent.numel() * sent.element_size()
         self.rows_sent += int(where.numel())
         # All ranks: the descriptors and positions (host), then the values (main backend).
         all_desc, counts = gather_varlen(mine, with_lengths=True)
         per_rank = all_desc.view(-1, 3).split([c // 3 for c in counts])
         all_where = gather_varlen(where, lengths=[int(d[:, 2].sum()) for d in per_rank])  # sized by them
+        all_where = all_where.to(torch.int64)
         widths = [int((d[:, 1] * d[:, 2]).sum()) for d in per_rank]
         received = gather_varlen(sent, lengths=widths, bulk=True).cpu().float()
         at_pos = at_val = 0

@@ -257,10 +257,10 @@ def test_a_bf16_sync_sends_differences_from_the_copy_and_not_its_own_rounding(co
     # rows that join arrive as bf16 values: rounded, within 2^-8 of each value
     for k, v in zip(replica.keys, replica.values):
         assert torch.equal(v, shard(k).bfloat16().float())
-    # a (column, width, rows) descriptor per shard, a position per row per shard (b's 2 rows
+    # a (column, width, rows) descriptor per shard (int64), a position per row per shard (int32) (b's 2 rows
     # from both of its column shards when split), every value at 2 bytes
     shards, positions = (4, 9) if column_split else (3, 7)
-    assert replica.sync_bytes == shards * 3 * 8 + positions * 8 + 7 * DIM * 2
+    assert replica.sync_bytes == shards * 3 * 8 + positions * 4 + 7 * DIM * 2
     # nothing moved: the copies' rounding is not a move, nothing is sent again
     sent, nbytes = replica.rows_sent, replica.sync_bytes
     replica.rebuild(units, keys, features, bound=0.0)
@@ -272,7 +272,7 @@ def test_a_bf16_sync_sends_differences_from_the_copy_and_not_its_own_rounding(co
     replica.rebuild(units, keys, features, bound=0.0)
     assert replica.rows_sent - sent == 1  # one slice: the shard holding column 2
     width = DIM if not column_split else DIM - 1
-    assert replica.sync_bytes - nbytes == 3 * 8 + 8 + width * 2
+    assert replica.sync_bytes - nbytes == 3 * 8 + 4 + width * 2
     after = dict(zip(replica.keys.tolist(), replica.values))[b5]
     cols = slice(0, DIM) if not column_split else slice(1, DIM)
     expected = before.clone()
@@ -331,7 +331,7 @@ def test_a_sync_of_the_moved_rows_reads_only_them_and_every_data_parallel_row(co
     assert torch.equal(held[b5], tables[1][5])  # read, did not move
     # b0 alone is sent, from the one shard holding its column 2; c3 is copied locally
     assert replica.rows_sent - sent == 1
-    assert replica.sync_bytes - nbytes == 3 * 8 + 8 + (DIM - 1 if column_split else DIM) * 4
+    assert replica.sync_bytes - nbytes == 3 * 8 + 4 + (DIM - 1 if column_split else DIM) * 4
     assert (replica.joined, replica.left, replica.rows) == (0, 0, keys.numel())
     # a full comparison finds a1
     replica.rebuild(units, keys, features, bound=0.0)
