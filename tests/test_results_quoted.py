@@ -769,6 +769,25 @@ def test_the_recheck_from_the_serving_windows_table_quotes_its_runs():
         assert cells[9] == f"step {priced}, then {lever['recheck_at_step']}", cells
 
 
+def test_the_int32_keys_row_quotes_its_run_and_trains_as_before():
+    """7b9da13's pair at dim 16 over 200mbit: its bytes by kind, and the same training as seed 0
+    of the 3-seed run before it (int32 keys and positions change what is sent, not what arrives)."""
+    doc = json.loads((RESULTS / "network_int32_keys_dim16_200mbit.json").read_text())
+    before = json.loads((RESULTS / "network_defaults_3seeds_dim16_200mbit.json").read_text())
+    runs = {r["job"]: r for r in doc["runs"]}
+    earlier = {r["job"]: r for r in before["runs"] if r["seed"] == 0}
+    (cells,) = _rows("docs/results/serve.md", "| seed (int32 keys) | `off` train s (200mbit) |")
+    assert int(cells[0]) == 0 and doc["seeds"] == 1 and doc["rates"] == ["200mbit"]
+    off, mine = runs["off"], runs["defaults"]
+    _check_pair(cells[1:7], off, mine)
+    counted = mine["program_off_rank_bytes_per_sample"]
+    _check(cells[7] + " " + cells[8], [counted["push"], counted["replica"]])
+    was = earlier["defaults"]["program_off_rank_bytes_per_sample"]
+    assert counted["push"] < 0.91 * was["push"] and counted["replica"] < 0.91 * was["replica"]
+    assert mine["test_auc"] == earlier["defaults"]["test_auc"] and off["test_auc"] == earlier["off"]["test_auc"]
+    assert mine["replica"]["rows_pushed_per_rank"] == earlier["defaults"]["replica"]["rows_pushed_per_rank"]
+
+
 def test_the_three_seed_dim16_table_quotes_its_runs():
     doc = json.loads((RESULTS / "network_defaults_3seeds_dim16_200mbit.json").read_text())
     runs = {(r["job"], r["seed"]): r for r in doc["runs"]}
