@@ -114,8 +114,9 @@ class SlipstreamConfig:
     # a served row then differs from its shard by at most this plus the pushes since the last
     # sync; -1: every row every sync (a full copy).
     replica_sync_bound: float = 0.0
-    # serve: the precision of the values the push and the replica sync send (the keys and
-    # positions travel as int32 either way, where the tables' rows fit). fp32: exact. bf16: half the bytes; a pushed sum is rounded to bf16, and a
+    # serve: the precision of the values the push and the replica sync send (either way the
+    # sync's positions travel as int32, and the push's keys too where every table's rows fit
+    # under 2^31). fp32: exact. bf16: half the bytes; a pushed sum is rounded to bf16, and a
     # replica row is sent again only where it differs from its shard by more than the bound
     # plus bf16's resolution at the shard's value (2^-8 of it, per element), so that a served
     # row differs from its shard by at most that plus the pushes since the last sync.

@@ -41,9 +41,10 @@ OURS_PER_KIND = {
     # and the hot set's choice (every hot_refresh_steps): at most one unit each, on average
     "count": 0,
     "reattach": 0,  # the step after the pipeline was detached (evaluation, quality check)
-    # serve_when=auto's window ends, timing marks and a trial's check: the agreed time per step read after its
-    # all-reduce (1); where the state changes, the replica's rebuild (1, as a sync) or the
-    # snapshot that re-bases the changes when it looks again (10, as a snapshot). On a GPU its
+    # serve_when=auto's window ends, timing marks and a trial's check: the agreed time per
+    # step read after its all-reduce (1); where the state changes, the replica's rebuild (1, as
+    # a sync) or the snapshot that re-bases the changes when it looks again (10, as a
+    # snapshot). On a GPU its
     # clock also drains the device queue (torch.cuda.synchronize, twice a window), which this
     # CPU audit cannot see.
     "lever": 11,

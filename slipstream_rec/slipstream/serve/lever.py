@@ -249,8 +249,7 @@ class ServeLever:
         self.state_s += seconds_per_step
         mean = self.state_s / self.since
         on, off = (mean, self.off_s) if self.state is LeverState.serving else (self.on_s, mean)
-        if on is None or off is None:  # a state entered without a decision (a resumed run)
-            return
+        assert on is not None and off is not None, "a decided state holds both figures"
         self.span = max(self.base or self.recheck_windows, look_windows(window_loss(on, off), self.look_budget))
 
     def _decide(self, step: int, before: LeverState, early: str = "") -> None:

@@ -144,8 +144,8 @@ class ServedGradients:
         """Send the sums to the ranks that hold their rows and apply them there; returns the
         bytes this rank sent to other ranks. Collective: ALL ranks enter, with or without rows
         of their own: the first push learns every rank's shards (``RowOwners``, one all-gather
-        of their spans), then each push is one all-to-all of the keys (int32 where the rows fit) through the host group
-        (its sizes tell every rank what it receives) and one of the sums through the main backend
+        of their spans), then each push is one all-to-all of the keys (int32 where the rows
+        fit) through the host group (its sizes tell every rank what it receives) and one of the sums through the main backend
         (device tensors under nccl), sized by those counts, so no rank reads a size back from
         its device. A row goes only to the ranks that hold a slice of it (all of them for a
         data-parallel table, whose copies must stay equal)."""

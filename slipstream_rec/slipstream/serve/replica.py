@@ -121,9 +121,9 @@ class StaleReplica:
 
         Collective: ALL ranks enter (per shard slice sent, a (column, width, rows) descriptor
         and the rows' positions in ``keys`` (int32) through the host group, then their values
-        through the main backend, sized by the descriptors; empty where a rank sends nothing). Each rank
-        compares and sends the slices it holds of non-replicated shards; data-parallel rows are
-        copied locally. Every rank ends with the same rows.
+        through the main backend, sized by the descriptors; empty where a rank sends nothing).
+        Each rank compares and sends the slices it holds of non-replicated shards; data-parallel
+        rows are copied locally. Every rank ends with the same rows.
         """
         keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1).cpu()
         n, dim = keys.numel(), self.dim

@@ -257,8 +257,8 @@ def test_a_bf16_sync_sends_differences_from_the_copy_and_not_its_own_rounding(co
     # rows that join arrive as bf16 values: rounded, within 2^-8 of each value
     for k, v in zip(replica.keys, replica.values):
         assert torch.equal(v, shard(k).bfloat16().float())
-    # a (column, width, rows) descriptor per shard (int64), a position per row per shard (int32) (b's 2 rows
-    # from both of its column shards when split), every value at 2 bytes
+    # a (column, width, rows) descriptor per shard (int64), a position per row per shard
+    # (int32; b's 2 rows from both of its column shards when split), every value at 2 bytes
     shards, positions = (4, 9) if column_split else (3, 7)
     assert replica.sync_bytes == shards * 3 * 8 + positions * 4 + 7 * DIM * 2
     # nothing moved: the copies' rounding is not a move, nothing is sent again
