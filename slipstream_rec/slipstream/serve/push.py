@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from slipstream_rec.data.types import ServedRows, host_kjt
 from slipstream_rec.distributed import all_gather_objects, exchange_varlen
 from slipstream_rec.slipstream.rows import RowIndex
+from slipstream_rec.slipstream.serve.wire_rows import decode_rows, encode_rows, row_width
 from slipstream_rec.sharding.sharded import ShardUnit
 
 __all__ = ["RowOwners", "ServedGradients", "served_rows", "unit_cuts"]
@@ -82,7 +83,7 @@ class ServedGradients:
         self.index = index
         self.dim = int(dim)
         self.device = device
-        self.wire_dtype = wire_dtype  # slipstream.sync_precision: what a pushed sum travels as
+        self.wire_dtype = wire_dtype  # slipstream.sync_precision: what a pushed sum travels as (wire_rows.py)
         # what a pushed row's flat key travels as: int32 where every table's rows fit (half the
         # key's bytes: at dim 16 in bf16 a row's 4 + 32 bytes instead of 8 + 32)
         self.key_dtype = torch.int32 if index.num_rows <= torch.iinfo(torch.int32).max else torch.int64
@@ -156,15 +157,16 @@ class ServedGradients:
         picks = [m.nonzero().view(-1) for m in self.owners.masks(keys)]
         key_parts = [keys.index_select(0, p).to(self.key_dtype) for p in picks]
         wire = self.wire_dtype
-        grad_parts = [grads.index_select(0, p.to(grads.device, non_blocking=True)).to(wire).reshape(-1) for p in picks]
+        grad_parts = [encode_rows(grads.index_select(0, p.to(grads.device, non_blocking=True)), wire) for p in picks]
         sent = sum(
             k.numel() * k.element_size() + g.numel() * g.element_size()
             for r, (k, g) in enumerate(zip(key_parts, grad_parts)) if r != rank
         )  # fmt: skip
         all_keys, lengths = exchange_varlen(key_parts, with_lengths=True)  # all ranks
         all_keys = all_keys.to(torch.int64)
-        all_grads = exchange_varlen(grad_parts, lengths=[n * self.dim for n in lengths], bulk=True)
-        all_grads = all_grads.float().view(-1, self.dim)
+        width = row_width(wire, self.dim)
+        all_grads = exchange_varlen(grad_parts, lengths=[n * width for n in lengths], bulk=True)
+        all_grads = decode_rows(all_grads, self.dim, wire)
         world = dist.get_world_size() if dist.is_initialized() else 1
         unique, inverse = torch.unique(all_keys, return_inverse=True)  # host
         total = torch.zeros(unique.numel(), self.dim, device=all_grads.device)

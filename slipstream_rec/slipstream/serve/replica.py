@@ -37,6 +37,7 @@ import torch
 
 from slipstream_rec.distributed import gather_varlen
 from slipstream_rec.slipstream.serve.push import unit_cuts
+from slipstream_rec.slipstream.serve.wire_rows import decode_rows, encode_rows, row_width
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.sharding.sharded import ShardUnit, flush_caches
 
@@ -58,15 +59,18 @@ class StaleReplica:
         # index: the flat key space of all tables; dim: the embedding dim (every table's);
         # device: where the values live and the served pooled embeddings are computed: the host
         # under serve (see the module docstring); wire_dtype: what a sync sends of a row
-        # (slipstream.sync_precision): float32 sends the rows, bfloat16 their difference from
-        # the copy every rank holds (``rebuild``).
+        # (slipstream.sync_precision, wire_rows.py): float32 sends the rows, bfloat16 and int8
+        # their difference from the copy every rank holds (``rebuild``).
         self.index = index
         self.dim = int(dim)
         self.device = device
         self.wire_dtype = wire_dtype
         # Below this share of a value, a row's difference from its shard is the wire's own
-        # rounding, not a move: a bf16 difference leaves up to 2^-8 of itself behind.
-        self.resolution = 0.0 if wire_dtype is torch.float32 else torch.finfo(wire_dtype).eps / 2
+        # rounding, not a move: a bf16 difference leaves up to 2^-8 of itself behind. An int8
+        # one leaves up to 1/254 of the difference's largest element, which for a row that
+        # moved little is far below its values; where it is not (a value near zero) the row is
+        # sent again at the next comparison, each time leaving 1/254 of what was left.
+        self.resolution = 0.0 if wire_dtype is torch.float32 else torch.finfo(torch.bfloat16).eps / 2
         self.keys = torch.zeros(0, dtype=torch.int64)  # sorted flat keys, on the host
         self.values = torch.zeros(0, self.dim, dtype=torch.float32, device=device)
         # each flat key's row in the replica, -1 outside (DENSE_MAP_ROWS; None: searched instead)
@@ -102,12 +106,12 @@ class StaleReplica:
         """Make the replica the rows ``keys`` (sorted flat keys, identical on every rank), from
         the shards, sending only what changed: a row the replica already holds is sent again
         only where the shard's values differ from the held copy by more than ``bound`` (the
-        largest absolute difference over the columns a shard holds; under bf16 by more than
-        ``bound`` plus the wire's resolution at the shard's value, in any element); a row that
-        joins is sent whole. ``bound`` < 0 sends every row. Under fp32 a sent row's values
-        replace the copy; under bf16 what is sent is the shard minus the copy, which every
-        rank adds to its copy (a joining row's copy is zeros), so the copy stays within the
-        wire's rounding of its last difference from the shard.
+        largest absolute difference over the columns a shard holds; under bf16 and int8 by
+        more than ``bound`` plus 2^-8 of the shard's value, in any element); a row that joins
+        is sent whole. ``bound`` < 0 sends every row. Under fp32 a sent row's values replace
+        the copy; under bf16 and int8 what is sent is the shard minus the copy (``wire_rows``),
+        which every rank adds to its copy (a joining row's copy is zeros), so the copy stays
+        within the wire's rounding of its last difference from the shard.
 
         Under per-lookup serving a replica row changes on its shard only through the pushes
         (every lookup of it is served), so between two syncs only the rows pushed move, and a
@@ -181,14 +185,15 @@ class StaleReplica:
                 descriptors += [col, width, int(idx.numel())]
                 positions.append(hit)
                 out = rows.index_select(0, idx)
-                send.append((out if self.resolution == 0 else out - copy.index_select(0, idx)).reshape(-1))
+                diff = out if self.resolution == 0 else out - copy.index_select(0, idx)
+                send.append(encode_rows(diff, self.wire_dtype))
         mine = torch.tensor(descriptors, dtype=torch.int64)
         # positions in ``keys`` travel as int32 (a replica holds fewer than 2^31 rows): half
         # their bytes (at dim 16 in bf16 a row's 4 + 32 bytes instead of 8 + 32)
         assert n <= torch.iinfo(torch.int32).max, "replica positions fit int32"
         where = torch.cat(positions).to(torch.int32) if positions else torch.zeros(0, dtype=torch.int32)
         wire = self.wire_dtype
-        sent = torch.cat(send).to(home, wire) if send else torch.zeros(0, dtype=wire, device=home)
+        sent = torch.cat(send).to(home) if send else torch.zeros(0, dtype=wire, device=home)
         self.sync_bytes += mine.numel() * 8 + where.numel() * 4 + sent.numel() * sent.element_size()
         self.rows_sent += int(where.numel())
         # All ranks: the descriptors and positions (host), then the values (main backend).
@@ -196,18 +201,19 @@ class StaleReplica:
         per_rank = all_desc.view(-1, 3).split([c // 3 for c in counts])
         all_where = gather_varlen(where, lengths=[int(d[:, 2].sum()) for d in per_rank])  # sized by them
         all_where = all_where.to(torch.int64)
-        widths = [int((d[:, 1] * d[:, 2]).sum()) for d in per_rank]
-        received = gather_varlen(sent, lengths=widths, bulk=True).cpu().float()
+        widths = [sum(row_width(wire, w) * c for _, w, c in d.tolist()) for d in per_rank]
+        received = gather_varlen(sent, lengths=widths, bulk=True).cpu()
         at_pos = at_val = 0
         for col, width, count in all_desc.view(-1, 3).tolist():
             idx = all_where[at_pos : at_pos + count]
-            got = received[at_val : at_val + count * width].view(count, width)
+            size = count * row_width(wire, width)
+            got = decode_rows(received[at_val : at_val + size], width, wire)
             if self.resolution == 0:
                 values[idx, col : col + width] = got
             else:  # differences from the copy this rank holds too
                 values[idx, col : col + width] += got
             filled[idx] += width
-            at_pos, at_val = at_pos + count, at_val + count * width
+            at_pos, at_val = at_pos + count, at_val + size
         assert bool((filled[~held] == dim).all()), "every row that joined assembled from all of its columns"
         self.joined = int((~held).sum())
         self.left = int(self.keys.numel() - held.sum())  # held before, less those that stayed

@@ -52,6 +52,12 @@ def test_a_serve_step_with_a_bf16_push_sends_half_the_values_and_equals_an_off_s
     assert sum(r["moved"] for r in results) > 0 and sum(r["sent"] for r in results) > 0, results
 
 
+@pytest.mark.parametrize("kind", ["row_wise", "mixed"])
+def test_a_serve_step_with_an_int8_push_sends_a_byte_a_value_and_equals_an_off_step_within_its_rounding(kind):
+    results = run_workers(serve_step_worker, world_size=WORLD, kind=kind, lr=0.5, wire="int8")
+    assert sum(r["moved"] for r in results) > 0 and sum(r["sent"] for r in results) > 0, results
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_serve_step_of_whole_batches_keeps_the_plain_layout_and_equals_an_off_step(kind):
     results = run_workers(serve_step_worker, world_size=WORLD, kind=kind, lr=0.5, every=WORLD * LOCAL_BATCH)
@@ -79,7 +85,7 @@ def reactivation_worker(env, precision: str = "fp32"):
     )  # fmt: skip
     ctl = SlipstreamController(cfg, dmp, FEATURES, ROWS, LOCAL_BATCH, seed=0, rank=env.rank)
     # independent of the server's table: bf16 asked, bf16 on both of serve's collectives
-    wire = torch.bfloat16 if precision == "bf16" else torch.float32
+    wire = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[precision]
     assert ctl.server.replica.wire_dtype is wire and ctl.server.grads.wire_dtype is wire
     stream = ctl.wrap(_source(env.rank))
 
@@ -107,8 +113,12 @@ def reactivation_worker(env, precision: str = "fp32"):
         mine = values[pos][:, unit.col_offset : unit.col_offset + unit.cols]
         if precision == "fp32":
             torch.testing.assert_close(mine, unit.weights[local])
-        else:  # rows that joined arrive rounded to bf16
+        elif precision == "bf16":  # rows that joined arrive rounded to bf16
             assert torch.equal(mine, unit.weights[local].bfloat16().float())
+        else:  # int8: each within 1/254 of its row's largest magnitude (row-wise: whole rows)
+            theirs = unit.weights[local]
+            assert bool(((mine - theirs).abs() <= theirs.abs().amax(1, keepdim=True) / 254 * 1.0001).all())
+            assert not torch.equal(mine, theirs)  # rounded, not copied
 
     _, batch5 = step(5)
     assert batch5.served is not None and ctl.server.plan.lookups_served > 0
@@ -126,7 +136,7 @@ def reactivation_worker(env, precision: str = "fp32"):
     return {"served": ctl.server.plan.lookups_served, "replica": ctl.server.replica.rows}
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_the_replica_follows_the_stale_set_and_a_row_that_moves_again_leaves_it(precision):
     results = run_workers(reactivation_worker, world_size=WORLD, precision=precision)
     assert len({r["replica"] for r in results}) == 1
