@@ -15,6 +15,9 @@ communication: the kernel's fused optimizer updates the rows in backward; for da
 tables the gradient lands on the replicated weights, identical on every rank, and the optimizer
 step that follows applies it). A stale row's update is thus delayed by at most
 ``replica_sync_steps`` steps and applied as one step of the summed gradient, instead of lost.
+The sums travel at ``slipstream.sync_precision`` (``wire_rows.py``); under int8 what a sum's
+rounding left is added to the row's next push (error feedback), so small elements are delayed,
+not dropped.
 """
 
 from __future__ import annotations
@@ -96,6 +99,10 @@ class ServedGradients:
         # the rows the last push applied to this rank's shards (sorted flat keys, every rank's
         # pushes): the only replica rows a push moves (replica.py, ``rebuild``'s ``moved``)
         self.applied = torch.zeros(0, dtype=torch.int64)
+        # int8 only: what the last push's rounding left of each row's sum (its rows' sorted keys
+        # on the host, the remainders where the sums are), added to the row's next push (``_on_wire``)
+        self._carry_keys = torch.zeros(0, dtype=torch.int64)
+        self._carry = torch.zeros(0, self.dim, device=device)
 
     @property
     def pending(self) -> int:
@@ -157,7 +164,8 @@ class ServedGradients:
         picks = [m.nonzero().view(-1) for m in self.owners.masks(keys)]
         key_parts = [keys.index_select(0, p).to(self.key_dtype) for p in picks]
         wire = self.wire_dtype
-        grad_parts = [encode_rows(grads.index_select(0, p.to(grads.device, non_blocking=True)), wire) for p in picks]
+        rows = self._on_wire(keys, grads)  # (n, row width): every row encoded once
+        grad_parts = [rows.index_select(0, p.to(rows.device, non_blocking=True)).reshape(-1) for p in picks]
         sent = sum(
             k.numel() * k.element_size() + g.numel() * g.element_size()
             for r, (k, g) in enumerate(zip(key_parts, grad_parts)) if r != rank
@@ -187,10 +195,30 @@ class ServedGradients:
         self._grads = torch.zeros(0, self.dim, device=self._grads.device)
         return int(sent)
 
+    def _on_wire(self, keys: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        """The sums of ``keys`` as the push sends them, (n, row width) of the wire's elements.
+        Under int8 a sum is rounded to a 254th of its row's largest element, which would drop a
+        row's small elements step after step; so what the rounding left (error feedback) is
+        added to the row's sum the next time it is pushed, and what this push's rounding leaves
+        is kept for then. A row not pushed at the next push loses its remainder (at most a
+        254th of its largest element, once). Local; no host read."""
+        if self.wire_dtype is not torch.int8:
+            return encode_rows(grads, self.wire_dtype).view(keys.numel(), row_width(self.wire_dtype, self.dim))
+        if self._carry_keys.numel() and keys.numel():
+            hit = torch.isin(self._carry_keys, keys).nonzero().view(-1)  # host
+            at = torch.searchsorted(keys, self._carry_keys.index_select(0, hit))
+            carried = self._carry.index_select(0, hit.to(self._carry.device, non_blocking=True))
+            grads = grads.index_add(0, at.to(grads.device, non_blocking=True), carried.to(grads.device))
+        rows = encode_rows(grads, torch.int8)
+        self._carry_keys = keys.clone()
+        self._carry = grads - decode_rows(rows, self.dim, torch.int8)
+        return rows.view(keys.numel(), row_width(torch.int8, self.dim))
+
     def state_dict(self) -> Dict[str, Any]:
         return {
             "keys": self.keys.clone(), "grads": self.grads.detach().cpu().clone(),
             "pushes": self.pushes, "rows_pushed": self.rows_pushed,
+            "carry_keys": self._carry_keys.clone(), "carry": self._carry.detach().cpu().clone(),
         }  # fmt: skip
 
     def load_state_dict(self, state: Dict[str, Any], device: Optional[torch.device] = None) -> None:
@@ -198,6 +226,9 @@ class ServedGradients:
         self._grads = state["grads"].to(device or self.device)
         self._parts = []
         self.pushes, self.rows_pushed = int(state["pushes"]), int(state["rows_pushed"])
+        # (a checkpoint from before the int8 push's remainders carries none)
+        self._carry_keys = state.get("carry_keys", torch.zeros(0, dtype=torch.int64)).cpu().clone()
+        self._carry = state.get("carry", torch.zeros(0, self.dim)).to(device or self.device)
 
 
 def unit_cuts(
