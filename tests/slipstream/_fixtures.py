@@ -166,7 +166,8 @@ def serve_step_worker(env, kind: str, lr: float, every: int = 4, wire: str = "fp
         grads.add(*[served[0], served[1].grad])
     pushed = grads.keys.clone()
     # the largest pushed value on any rank: an int8 row is within 1/254 of its largest element
-    largest = all_reduce_(grads.grads.abs().amax().view(1).clone(), torch.distributed.ReduceOp.MAX).item()
+    mine = torch.cat([grads.grads.abs().reshape(-1), torch.zeros(1)]).max().view(1)  # a rank may serve nothing
+    largest = all_reduce_(mine, torch.distributed.ReduceOp.MAX).item()
     sent = grads.push(ebc.units, {f: i for i, f in enumerate(FEATURES)})  # all ranks
     serve_opt.step()
     # what the push sent to other ranks: each row's key and its values at the wire's width

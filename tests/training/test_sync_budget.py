@@ -66,6 +66,11 @@ HOST_PLAIN = 45
 # a GPU too: FBGEMM's generate_vbe_metadata (max_B, max_B_feature_rank, output_size) per TBE
 # (6 for our 2), the KJTs' strides per key and rank as lists (16) and their largest stride (2).
 HOST_VARIABLE_BATCH = 24
+# The serve preset pushes and syncs every 5 steps (slipstream.replica_sync_steps), each sync
+# step reading host tensors (the push's keys and owners, the sync's descriptors and each shard's
+# moved rows: 54 reads more than a plain step, none of them a device wait) where the budget above
+# was set at every 10: measured 79.9 a step against 74.4, so 3 more for serve's total.
+SYNC_EVERY_5 = 3
 
 
 def _audit(tmp_path: Path, data_root: Path, policy: str, *extra: str) -> list:
@@ -86,7 +91,7 @@ def data_root(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "policy,total_budget",
-    [("off", GOLDEN_TOTAL + 2), ("serve", GOLDEN_TOTAL + 4 + HOST_VARIABLE_BATCH), ("paper_plus", GOLDEN_TOTAL + 4)],
+    [("off", GOLDEN_TOTAL + 2), ("serve", GOLDEN_TOTAL + 4 + HOST_VARIABLE_BATCH + SYNC_EVERY_5), ("paper_plus", GOLDEN_TOTAL + 4)],
 )
 def test_a_step_makes_no_device_sync_of_ours_and_stays_within_the_golden_loops_budget(
     tmp_path, data_root, policy, total_budget

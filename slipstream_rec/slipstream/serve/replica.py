@@ -147,12 +147,15 @@ class StaleReplica:
         firsts, cuts = unit_cuts(units, keys, self.index, feature_idx)
         current: List[torch.Tensor] = []  # the shards' rows read, to the host in one copy
         spans: List[Any] = []  # (positions read: a slice or sorted positions, column, width, replicated)
-        for unit, first, (lo, hi) in zip(units, firsts, cuts):
+        # each unit's moved rows: one search and one read for all units
+        edges = torch.searchsorted(suspects, torch.tensor(cuts, dtype=torch.int64).view(-1)).view(-1, 2).tolist() \
+            if moved is not None and cuts else [None] * len(cuts)  # fmt: skip
+        for unit, first, (lo, hi), edge in zip(units, firsts, cuts, edges):
             if hi <= lo:
                 continue
             at: Any = slice(lo, hi)
             if moved is not None and not unit.replicated:
-                at = suspects[int(torch.searchsorted(suspects, lo)) : int(torch.searchsorted(suspects, hi))]
+                at = suspects[edge[0] : edge[1]]
                 if not at.numel():
                     continue
             local = (keys[at] - first).to(unit.weights.device)
