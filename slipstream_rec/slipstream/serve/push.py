@@ -201,7 +201,7 @@ class ServedGradients:
         row's small elements step after step; so what the rounding left (error feedback) is
         added to the row's sum the next time it is pushed, and what this push's rounding leaves
         is kept for then. A row not pushed at the next push loses its remainder (at most a
-        254th of its largest element, once). Local; no host read."""
+        254th of its largest element, once). Local; it reads host keys only, no device value."""
         if self.wire_dtype is not torch.int8:
             return encode_rows(grads, self.wire_dtype).view(keys.numel(), row_width(self.wire_dtype, self.dim))
         if self._carry_keys.numel() and keys.numel():
