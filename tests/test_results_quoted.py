@@ -788,21 +788,28 @@ def test_the_int32_keys_row_quotes_its_run_and_trains_as_before():
     assert mine["replica"]["rows_pushed_per_rank"] == earlier["defaults"]["replica"]["rows_pushed_per_rank"]
 
 
-def test_the_int8_sync_table_quotes_its_runs_and_sends_a_third_less_than_bf16():
-    """763dece's 3 seeds at dim 16 over 200mbit with slipstream.sync_precision=int8: each pair, the
-    push's and the sync's bytes, and against the bf16 run of seed 0 at 7b9da13 (int32 keys) the
-    rows pushed within 1% and the push and the replica at most 0.72 of their bytes (a row's 24
-    bytes against 36: 0.67, plus what an int8 rounding sends again)."""
-    doc = json.loads((RESULTS / "network_int8_sync_3seeds_dim16_200mbit.json").read_text())
-    bf16 = {r["job"]: r for r in json.loads((RESULTS / "network_int32_keys_dim16_200mbit.json").read_text())["runs"]}
+def _dim16_pairs_with_bytes(name: str, header: str) -> Dict:
+    """The 3-seed pairs of off and int8 over 200mbit that ``header``'s table quotes, each row's six
+    pair cells and its push and replica bytes checked; the runs by (job, seed)."""
+    doc = json.loads((RESULTS / f"{name}.json").read_text())
     runs = {(r["job"], r["seed"]): r for r in doc["runs"]}
-    rows = _rows("docs/results/serve.md", "| seed (int8 syncs) | `off` train s (200mbit) |")
+    rows = _rows("docs/results/serve.md", header)
     assert [int(r[0]) for r in rows] == [0, 1, 2] and doc["seeds"] == 3 and doc["rates"] == ["200mbit"]
     for cells in rows:
         off, mine = runs[("off", int(cells[0]))], runs[("int8", int(cells[0]))]
         _check_pair(cells[1:7], off, mine)
         counted = mine["program_off_rank_bytes_per_sample"]
         _check(cells[7] + " " + cells[8], [counted["push"], counted["replica"]])
+    return runs
+
+
+def test_the_int8_sync_table_quotes_its_runs_and_sends_a_third_less_than_bf16():
+    """763dece's 3 seeds at dim 16 over 200mbit with slipstream.sync_precision=int8: each pair, the
+    push's and the sync's bytes, and against the bf16 run of seed 0 at 7b9da13 (int32 keys) the
+    rows pushed within 1% and the push and the replica at most 0.72 of their bytes (a row's 24
+    bytes against 36: 0.67, plus what an int8 rounding sends again)."""
+    bf16 = {r["job"]: r for r in json.loads((RESULTS / "network_int32_keys_dim16_200mbit.json").read_text())["runs"]}
+    runs = _dim16_pairs_with_bytes("network_int8_sync_3seeds_dim16_200mbit", "| seed (int8 syncs) | `off` train s (200mbit) |")
     mine, was = runs[("int8", 0)], bf16["defaults"]
     assert runs[("off", 0)]["test_auc"] == bf16["off"]["test_auc"]  # the same off: paired across runs
     # against the bf16 defaults of the 3 seeds before (d1a5d54, bf16 syncs), whose off is the same
@@ -824,18 +831,11 @@ def test_the_int8_sync_table_quotes_its_runs_and_sends_a_third_less_than_bf16():
 def test_the_int8_feedback_table_quotes_its_runs_beside_bf16_and_int8_without_remainders():
     """8e65f76's 3 seeds (the int8 push's remainders carried): each pair, its bytes as without
     them (within 0.2%), and the three variants' paired test AUCs as quoted, all on the same off."""
-    doc = json.loads((RESULTS / "network_int8_feedback_3seeds_dim16_200mbit.json").read_text())
     plain = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_int8_sync_3seeds_dim16_200mbit.json").read_text())["runs"]}
     bf16 = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_defaults_3seeds_dim16_200mbit.json").read_text())["runs"]}
-    runs = {(r["job"], r["seed"]): r for r in doc["runs"]}
-    rows = _rows("docs/results/serve.md", "| seed (int8, remainders carried) | `off` train s (200mbit) |")
-    assert [int(r[0]) for r in rows] == [0, 1, 2] and doc["seeds"] == 3 and doc["rates"] == ["200mbit"]
-    for cells in rows:
-        seed = int(cells[0])
-        off, mine = runs[("off", seed)], runs[("int8", seed)]
-        _check_pair(cells[1:7], off, mine)
-        counted = mine["program_off_rank_bytes_per_sample"]
-        _check(cells[7] + " " + cells[8], [counted["push"], counted["replica"]])
+    runs = _dim16_pairs_with_bytes("network_int8_feedback_3seeds_dim16_200mbit", "| seed (int8, remainders carried) | `off` train s (200mbit) |")
+    for seed in range(3):
+        off, counted = runs[("off", seed)], runs[("int8", seed)]["program_off_rank_bytes_per_sample"]
         for kind in ("push", "replica"):
             assert abs(counted[kind] / plain[("int8", seed)]["program_off_rank_bytes_per_sample"][kind] - 1) < 0.002
         assert off["test_auc"] == plain[("off", seed)]["test_auc"] == bf16[("off", seed)]["test_auc"]

@@ -240,15 +240,21 @@ def test_a_steps_row_sums_equal_a_sequential_index_add_bit_for_bit():
     assert torch.equal(sums.grads, expected)
 
 
-@pytest.mark.parametrize("column_split", [False, True])
-def test_a_bf16_sync_sends_differences_from_the_copy_and_not_its_own_rounding(column_split):
+def _synced_replica(wire, column_split):
+    """A replica of REPLICA's rows whose syncs send ``wire``, built once from fresh tables."""
     index = RowIndex(FEATURES, ROWS)
     tables = _tables()
     units = _units(tables, column_split)
     features = {n: i for i, n in enumerate(FEATURES)}
-    replica = StaleReplica(index, DIM, torch.device("cpu"), torch.bfloat16)
+    replica = StaleReplica(index, DIM, torch.device("cpu"), wire)
     keys = torch.cat([index.to_flat(f, torch.tensor(REPLICA[name])) for f, name in enumerate(FEATURES)])
     replica.rebuild(units, keys, features)
+    return index, tables, units, features, replica, keys
+
+
+@pytest.mark.parametrize("column_split", [False, True])
+def test_a_bf16_sync_sends_differences_from_the_copy_and_not_its_own_rounding(column_split):
+    index, tables, units, features, replica, keys = _synced_replica(torch.bfloat16, column_split)
 
     def shard(key):
         f, row = index.from_flat(key.view(1))
@@ -282,13 +288,7 @@ def test_a_bf16_sync_sends_differences_from_the_copy_and_not_its_own_rounding(co
 
 @pytest.mark.parametrize("column_split", [False, True])
 def test_an_int8_sync_sends_a_byte_a_value_and_a_scale_a_row_and_resends_its_rounding_until_below_2_to_the_minus_8(column_split):
-    index = RowIndex(FEATURES, ROWS)
-    tables = _tables()
-    units = _units(tables, column_split)
-    features = {n: i for i, n in enumerate(FEATURES)}
-    replica = StaleReplica(index, DIM, torch.device("cpu"), torch.int8)
-    keys = torch.cat([index.to_flat(f, torch.tensor(REPLICA[name])) for f, name in enumerate(FEATURES)])
-    replica.rebuild(units, keys, features)
+    index, tables, units, features, replica, keys = _synced_replica(torch.int8, column_split)
     # each shard's slice of a row that joins arrives at its own scale: every value within 1/254
     # of the slice's largest magnitude (b's column 0 alone, when split, comes back exact)
     slices = [(0, 1), (1, DIM)] if column_split else [(0, DIM)]
