@@ -68,8 +68,8 @@ HOST_PLAIN = 45
 HOST_VARIABLE_BATCH = 24
 # The serve preset pushes and syncs every 5 steps (slipstream.replica_sync_steps), each sync
 # step reading host tensors (the push's keys and owners, the sync's descriptors and each shard's
-# moved rows: 54 reads more than a plain step, none of them a device wait) where the budget above
-# was set at every 10: measured 79.9 a step against 74.4, so 3 more for serve's total.
+# moved rows: 50 reads more than a plain step, none of them a device wait) where the budget above
+# was set at every 10: measured 79.1 a step against 74.4, so 3 more for serve's total.
 SYNC_EVERY_5 = 3
 
 

@@ -201,13 +201,15 @@ class StaleReplica:
         self.rows_sent += int(where.numel())
         # All ranks: the descriptors and positions (host), then the values (main backend).
         all_desc, counts = gather_varlen(mine, with_lengths=True)
-        per_rank = all_desc.view(-1, 3).split([c // 3 for c in counts])
-        all_where = gather_varlen(where, lengths=[int(d[:, 2].sum()) for d in per_rank])  # sized by them
+        desc = all_desc.view(-1, 3).tolist()  # (column, width, rows) per slice, rank by rank: one read
+        ends = [sum(counts[: r + 1]) // 3 for r in range(len(counts))]
+        per_rank = [desc[end - c // 3 : end] for c, end in zip(counts, ends)]
+        all_where = gather_varlen(where, lengths=[sum(r for _, _, r in d) for d in per_rank])  # sized by them
         all_where = all_where.to(torch.int64)
-        widths = [sum(row_width(wire, w) * c for _, w, c in d.tolist()) for d in per_rank]
+        widths = [sum(row_width(wire, w) * r for _, w, r in d) for d in per_rank]
         received = gather_varlen(sent, lengths=widths, bulk=True).cpu()
         at_pos = at_val = 0
-        for col, width, count in all_desc.view(-1, 3).tolist():
+        for col, width, count in desc:
             idx = all_where[at_pos : at_pos + count]
             size = count * row_width(wire, width)
             got = decode_rows(received[at_val : at_val + size], width, wire)
