@@ -326,6 +326,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--nodes", type=int, default=2, help="namespaces, one rank each (more than 2: over a bridge)")
     p.add_argument("--rates", default="none,1gbit,200mbit", help="link rates per node, tc's form; none = unshaped")
     p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1, every job on each (paired)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="start at this seed (seeds K..K+N-1): one more seed beside a results file's")
     p.add_argument("--base", default=DEFAULT_BASE, help="overrides every job of ours starts from (and golden's data)")
     p.add_argument("--job", action="append", help="NAME=OVERRIDES or NAME=golden [golden args]; repeat (default: "
                    + "; ".join(DEFAULT_JOBS) + ")")  # fmt: skip
@@ -344,6 +346,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         rates = [r.strip() for r in args.rates.split(",") if r.strip()]
         for r in rates:
             netns.rate_bits(r)
+        if args.seeds < 1 or args.first_seed < 0:
+            raise ValueError(f"--seeds {args.seeds} --first-seed {args.first_seed}: give at least one seed "
+                             "and a first seed of 0 or more")
     except ValueError as e:
         print(f"network.py: error: {e}", file=sys.stderr)
         return 2
@@ -359,7 +364,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         with netns.Cluster(args.nodes) as cluster, tempfile.TemporaryDirectory(prefix="network-") as tmp:
             cluster.shape(rates[0])  # tbf is tried before any run: refused here, one line
             n = 0
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for rate in rates:
                     cluster.shape(rate)
                     for job in jobs:  # alternating jobs within a seed and rate: noise hits all alike
@@ -391,7 +396,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = {
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]) if argv is None
         else " ".join(["benchmarks/network.py", *argv]),
-        "nodes": args.nodes, "rates": rates, "seeds": args.seeds, "base": base,
+        "nodes": args.nodes, "rates": rates, "seeds": args.seeds,
+        "first_seed": args.first_seed, "base": base,
         "jobs": {j.name: j.overrides for j in jobs}, "runs": runs, **summary, "figure": str(fig),
     }  # fmt: skip
     out.write_text(json.dumps(result, indent=1))  # before the figure: a plotting error loses no run

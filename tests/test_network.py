@@ -92,3 +92,14 @@ def test_smoke_trains_on_two_nodes_across_the_namespaces(tmp_path):
     assert 1.0 <= wire["wire_over_program"] <= 1.08, wire
     assert res["wire_train"] == wire
     assert set(netns.ours()) == before
+
+
+def test_a_seed_range_that_is_empty_or_negative_is_refused_in_one_line(capsys):
+    if netns.preflight():
+        pytest.skip(f"no emulated cluster here: {netns.preflight()}")
+    from benchmarks.network import main
+
+    for argv in (["--seeds", "0"], ["--first-seed", "-1"]):
+        assert main([*argv, "--rates", "none"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "give at least one seed" in err[0], err
