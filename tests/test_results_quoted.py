@@ -919,3 +919,53 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
         off, mine = runs[("off", int(cells[0]))], runs[("defaults", int(cells[0]))]
         _check_pair(cells[1:7], off, mine)
         assert [(d["step"], d["to"]) for d in mine["serve_lever"]["decisions"]] == [(120, "serving")]
+
+
+def _check_decisions(cell: str, decisions: List[Dict]) -> None:
+    """The lever's decisions quoted as "step N: serve|stand down (serving ms, without ms); ..."."""
+    quoted = cell.split("; ")
+    assert decisions and decisions[0]["from"] == "probe_on" and len(quoted) == len(decisions), (cell, decisions)
+    for decision, part in zip(decisions, quoted):
+        assert part.startswith(f"step {decision['step']}: ")
+        assert ("serve" if decision["to"] == "serving" else "stand down") in part
+        _check(part.split("(")[1], [decision["serving_ms_per_step"], decision["standing_down_ms_per_step"]])
+
+
+@pytest.mark.parametrize("header, names", [
+    ("| seed (the preset, dim 128, 5176a06) | link |",
+     ["network_int8_sync5_seeds01_rerun_dim128", "network_int8_sync5_seed2_dim128", "network_int8_sync5_unshaped_dim128"]),
+    ("| seed (the preset, dim 16, 5176a06) | link |", ["network_int8_sync5_unshaped_dim16"]),
+])  # fmt: skip
+def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
+    """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
+    (unshaped), one run per file on the same machine: each pair, Slipstream's and serving's own
+    seconds, and the lever's decisions; each row from the file whose command wrote it."""
+    runs: Dict[Tuple[str, str, int], Dict] = {}
+    for name in names:
+        doc = json.loads((RESULTS / f"{name}.json").read_text())
+        assert f"{name}.json" in doc["command"]
+        for r in doc["runs"]:
+            assert (r["job"], r["rate"], r["seed"]) not in runs, (name, r["job"], r["seed"])
+            runs[(r["job"], r["rate"], r["seed"])] = r
+    rows = _rows("docs/results/serve.md", header)
+    assert sorted((int(r[0]), r[1]) for r in rows) == sorted({(s, rate) for _, rate, s in runs})
+    for cells in rows:
+        key = (cells[1], int(cells[0]))
+        off, mine = runs[("off", *key)], runs[("defaults", *key)]
+        _check_pair(cells[2:8], off, mine)
+        spent = mine["time_breakdown_rank0"]
+        _check(cells[8] + " " + cells[9], [spent["slipstream"], spent["serving"]])
+        _check_decisions(cells[10], mine["serve_lever"]["decisions"])
+
+
+def test_the_preset_before_the_sync_changes_trains_the_same_on_the_same_machine():
+    """8f04bff's preset, seed 0 at dim 128 over 1gbit on the machine of 2026-12-06: the same test
+    AUC to the digit as 5176a06's (the sync changes since moved no value), its time as quoted."""
+    old = json.loads((RESULTS / "network_int8_sync5_8f04bff_seed0_dim128.json").read_text())["runs"][0]
+    new = {r["job"]: r for r in json.loads((RESULTS / "network_int8_sync5_seeds01_rerun_dim128.json").read_text())["runs"]
+           if r["seed"] == 0}
+    assert old["seed"] == 0 and old["rate"] == "1gbit" and old["test_auc"] == new["defaults"]["test_auc"]
+    text = " ".join((ROOT / "docs/results/serve.md").read_text().split())
+    assert (f"trained seed 0 in {old['train_seconds']:.1f} s with the same test AUC to the digit (Slipstream "
+            f"{old['time_breakdown_rank0']['slipstream']:.1f} s): {new['off']['train_seconds'] / old['train_seconds']:.2f}x "
+            f"against `off`'s {new['off']['train_seconds']:.1f} s") in text
