@@ -935,6 +935,9 @@ def _check_decisions(cell: str, decisions: List[Dict]) -> None:
     ("| seed (the preset, dim 128, 5176a06) | link |",
      ["network_int8_sync5_seeds01_rerun_dim128", "network_int8_sync5_seed2_dim128", "network_int8_sync5_unshaped_dim128"]),
     ("| seed (the preset, dim 16, 5176a06) | link |", ["network_int8_sync5_unshaped_dim16"]),
+    ("| seed (the preset, dim 128, defaults first) | link |", ["network_int8_sync5_unshaped_dim128_reversed"]),
+    ("| seed (the preset, dim 16, defaults first) | link |", ["network_int8_sync5_unshaped_dim16_reversed"]),
+    ("| seed (the preset, dim 16 over 200mbit, 5176a06) | link |", ["network_int8_sync5_3seeds_dim16_200mbit_rerun"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
