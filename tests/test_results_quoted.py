@@ -718,6 +718,16 @@ def test_the_defaults_on_two_links_at_dim16_table_quotes_its_run():
     _links_table("network_preset_defaults_clicklog_dim16", "| job (dim 16) | link | train s | vs `off` on that link |")
 
 
+def _check_decisions(cell: str, decisions: List[Dict]) -> None:
+    """The lever's decisions quoted as "step N: serve|stand down (serving ms, without ms); ..."."""
+    quoted = cell.split("; ")
+    assert decisions and decisions[0]["from"] == "probe_on" and len(quoted) == len(decisions), (cell, decisions)
+    for decision, part in zip(decisions, quoted):
+        assert part.startswith(f"step {decision['step']}: ")
+        assert ("serve" if decision["to"] == "serving" else "stand down") in part
+        _check(part.split("(")[1], [decision["serving_ms_per_step"], decision["standing_down_ms_per_step"]])
+
+
 def _seeded_links_table(name: str, header: str, rows_expected: List[Tuple[int, str]]) -> None:
     """A table of the defaults against off per seed and link, each row with the lever's one
     decision (step, verdict, its two figures), quoting ``benchmarks/results/<name>.json``."""
@@ -730,12 +740,7 @@ def _seeded_links_table(name: str, header: str, rows_expected: List[Tuple[int, s
     for cells in rows:
         off, mine = runs[("off", cells[1], int(cells[0]))], runs[("defaults", cells[1], int(cells[0]))]
         _check_pair(cells[2:8], off, mine)
-        decisions, quoted = mine["serve_lever"]["decisions"], cells[8].split("; ")
-        assert decisions[0]["from"] == "probe_on" and len(quoted) == len(decisions), (cells[8], decisions)
-        for decision, part in zip(decisions, quoted):
-            assert part.startswith(f"step {decision['step']}: ")
-            assert ("serve" if decision["to"] == "serving" else "stand down") in part
-            _check(part.split("(")[1], [decision["serving_ms_per_step"], decision["standing_down_ms_per_step"]])
+        _check_decisions(cells[8], mine["serve_lever"]["decisions"])
 
 
 def test_the_two_seed_defaults_table_at_dim128_quotes_its_runs():
@@ -919,16 +924,6 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
         off, mine = runs[("off", int(cells[0]))], runs[("defaults", int(cells[0]))]
         _check_pair(cells[1:7], off, mine)
         assert [(d["step"], d["to"]) for d in mine["serve_lever"]["decisions"]] == [(120, "serving")]
-
-
-def _check_decisions(cell: str, decisions: List[Dict]) -> None:
-    """The lever's decisions quoted as "step N: serve|stand down (serving ms, without ms); ..."."""
-    quoted = cell.split("; ")
-    assert decisions and decisions[0]["from"] == "probe_on" and len(quoted) == len(decisions), (cell, decisions)
-    for decision, part in zip(decisions, quoted):
-        assert part.startswith(f"step {decision['step']}: ")
-        assert ("serve" if decision["to"] == "serving" else "stand down") in part
-        _check(part.split("(")[1], [decision["serving_ms_per_step"], decision["standing_down_ms_per_step"]])
 
 
 @pytest.mark.parametrize("header, names", [
