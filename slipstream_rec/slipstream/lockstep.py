@@ -33,8 +33,9 @@ def lockstep(
     ran dry first would leave the others waiting in the next all-to-all until the timeout. Under
     serving the same all-reduce carries, negated, the slots each feature needs through the shards
     on each rank (``ServePlan.annotate``), so every rank learns each feature's sharded size S_f
-    of each batch (the MAX) with no extra collective; without a replica it carries only the flag
-    and every S_f is the batch size.
+    of each batch (the MAX) with no extra collective; while nothing can be served (no replica,
+    serving paused or stood down, an empty replica: ``ServePlan.width``) it carries only the
+    flag and every S_f is the batch size.
 
     ``every`` = 1: one agreement per batch. ``every`` = k > 1 (``batches`` must be a
     ``SkippingStream``): each rank builds its next k batches ahead (``prepare``), the ranks agree
@@ -53,9 +54,9 @@ def lockstep(
     if every > 1 and world > 1:
         yield from _lockstep_ahead(batches, on_drop, every, plan, count)
         return
-    width = plan.width  # sizes agreed per batch: one per feature under serving, else none
     while True:
         batch = next(batches, None)
+        width = plan.width  # sizes agreed for this batch: one per feature while serving can, else none
         needed = [0] * width if batch is None else plan.annotate(batch)[:width]
         if world > 1:
             flag = torch.tensor([0 if batch is None else 1] + [-x for x in needed], dtype=torch.int64)
@@ -69,7 +70,7 @@ def lockstep(
                 on_drop(batch.batch_size)
             return
         assert batch is not None
-        yield plan.split(batch, sharded if width else _whole(batch))
+        yield plan.split(batch, sharded or _whole(batch))
 
 
 def _whole(batch: Batch) -> List[int]:
@@ -82,13 +83,13 @@ def _lockstep_ahead(
 ) -> Iterator[Batch]:
     """``lockstep`` with one agreement every ``every`` batches (see there)."""
     assert hasattr(stream, "prepare"), "lockstep every k > 1 steps needs a SkippingStream"
-    width = plan.width
     while True:
         if stream.agreed_ahead == 0:
             if stream.agreed_last:  # the previous agreement was the last: every rank stops
                 stream.drop_ready()  # counted by the stream as dropped at the end
                 return
             ready = stream.prepare(every)
+            width = plan.width  # for these batches (annotated now, with the agreement)
             needed = [plan.annotate(b)[:width] for b in stream.ready_batches()[:every]]
             needed += [[0] * width] * (every - len(needed))
             n = torch.tensor([ready] + [-x for need in needed for x in need], dtype=torch.int64)
@@ -105,4 +106,4 @@ def _lockstep_ahead(
         batch = next(stream)
         sharded = stream.agreed_shard.pop(0)
         stream.agreed_ahead -= 1  # before the yield: a checkpoint in between sees it handed out
-        yield plan.split(batch, sharded if width else _whole(batch))
+        yield plan.split(batch, sharded or _whole(batch))

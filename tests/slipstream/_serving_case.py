@@ -1,7 +1,8 @@
 """The one-process serving case: three small tables, a replica of some of their rows, six samples.
 
 tests/slipstream/serve/test_split.py computes its expectations from these in plain loops;
-tests/training/test_fake_device.py runs the same batch with the model on ``meta``.
+tests/training/test_fake_device.py runs the same batch with the model on ``meta``;
+tests/slipstream/test_lockstep_dist.py agrees on its split across two ranks.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from slipstream_rec.data.types import Batch
+from slipstream_rec.sharding.sharded import ShardUnit
+from slipstream_rec.slipstream.rows import RowIndex
+from slipstream_rec.slipstream.serve.replica import StaleReplica
 
 FEATURES = ["a", "b", "c"]
 ROWS = [6, 9, 4]
@@ -46,3 +50,30 @@ def _batch(samples):
         sparse_features=_kjt(samples),
         labels=torch.tensor([float(i % 2) for i in range(n)]),
     )
+
+
+def _tables():
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(n, DIM, generator=g) for n in ROWS]
+
+
+def _units(tables, column_split: bool = False):
+    """Local shards of every table as one rank would hold them: whole tables, or (column_split)
+    two column shards of table b next to whole a and c."""
+    units = []
+    for name, w in zip(FEATURES, tables):
+        if column_split and name == "b":
+            for c0, c1 in ((0, 1), (1, DIM)):
+                units.append(ShardUnit(f"t_{name}", name, "column_wise", 0, 0, 0, c0, w.shape[0], c1 - c0, False, weights=w[:, c0:c1]))
+        else:
+            units.append(ShardUnit(f"t_{name}", name, "table_wise", 0, 0, 0, 0, w.shape[0], DIM, False, weights=w))
+    return units
+
+
+def _replica(column_split: bool = False):
+    index = RowIndex(FEATURES, ROWS)
+    tables = _tables()
+    replica = StaleReplica(index, DIM, torch.device("cpu"))
+    keys = torch.cat([index.to_flat(f, torch.tensor(REPLICA[name])) for f, name in enumerate(FEATURES)])
+    replica.rebuild(_units(tables, column_split), keys, {n: i for i, n in enumerate(FEATURES)})
+    return replica, tables, index

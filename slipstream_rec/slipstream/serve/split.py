@@ -90,9 +90,16 @@ class ServePlan:
 
     @property
     def width(self) -> int:
-        """Sizes the ranks agree on per batch (``lockstep.py``): one per feature with a replica,
-        none without (every feature then sends the whole batch)."""
-        return self.replica.index.num_features if self.replica is not None else 0
+        """Sizes the ranks agree on per batch (``lockstep.py``): one per feature while the
+        replica can serve, none while nothing can be served (no replica, serving paused, or an
+        empty replica: every feature then sends the whole batch). The same on every rank at
+        every agreement: ``paused`` and the replica's rows change only on steps all ranks share.
+        With none, the agreement is its one-element flag, which gloo all-reduces far faster
+        (medians of 6 x 500 on 2 processes of these 2 cores: one int64 0.19 ms, three or more
+        1.1-1.5 ms), every step of a run that stood serving down."""
+        if self.replica is None or self.paused or not self.replica.rows:
+            return 0
+        return self.replica.index.num_features
 
     def _replicated(self, num_keys: int) -> torch.Tensor:
         if self._data_parallel is None:
@@ -111,7 +118,7 @@ class ServePlan:
         kjt = batch.sparse_features
         num_keys, b = len(kjt.keys()), batch.batch_size
         needed = [b] * num_keys
-        if self.replica is not None and not self.paused and self.replica.rows and kjt.values().numel():
+        if self.width and kjt.values().numel():
             flat = self.replica.index.flat_keys(kjt)
             pos, local = self.replica.locate(flat)
             if bool(local.any()):

@@ -15,34 +15,7 @@ from slipstream_rec.slipstream.serve.replica import StaleReplica
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.serve.split import ServePlan
 from slipstream_rec.sharding.sharded import ShardUnit
-from tests.slipstream._serving_case import DIM, FEATURES, REPLICA, ROWS, SAMPLES, _batch, _kjt
-
-
-def _tables():
-    g = torch.Generator().manual_seed(3)
-    return [torch.randn(n, DIM, generator=g) for n in ROWS]
-
-
-def _units(tables, column_split: bool = False):
-    """Local shards of every table as one rank would hold them: whole tables, or (column_split)
-    two column shards of table b next to whole a and c."""
-    units = []
-    for name, w in zip(FEATURES, tables):
-        if column_split and name == "b":
-            for c0, c1 in ((0, 1), (1, DIM)):
-                units.append(ShardUnit(f"t_{name}", name, "column_wise", 0, 0, 0, c0, w.shape[0], c1 - c0, False, weights=w[:, c0:c1]))
-        else:
-            units.append(ShardUnit(f"t_{name}", name, "table_wise", 0, 0, 0, 0, w.shape[0], DIM, False, weights=w))
-    return units
-
-
-def _replica(column_split: bool = False):
-    index = RowIndex(FEATURES, ROWS)
-    tables = _tables()
-    replica = StaleReplica(index, DIM, torch.device("cpu"))
-    keys = torch.cat([index.to_flat(f, torch.tensor(REPLICA[name])) for f, name in enumerate(FEATURES)])
-    replica.rebuild(_units(tables, column_split), keys, {n: i for i, n in enumerate(FEATURES)})
-    return replica, tables, index
+from tests.slipstream._serving_case import DIM, FEATURES, REPLICA, ROWS, SAMPLES, _batch, _kjt, _replica, _tables, _units
 
 
 def _reference_pooled(samples, tables):
