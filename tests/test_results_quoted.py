@@ -933,6 +933,10 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (the preset, dim 128, defaults first) | link |", ["network_int8_sync5_unshaped_dim128_reversed"]),
     ("| seed (the preset, dim 16, defaults first) | link |", ["network_int8_sync5_unshaped_dim16_reversed"]),
     ("| seed (the preset, dim 16 over 200mbit, 5176a06) | link |", ["network_int8_sync5_3seeds_dim16_200mbit_rerun"]),
+    ("| seed (48e7686, dim 16, `off` first) | link |", ["network_lockstep_unshaped_dim16"]),
+    ("| seed (48e7686, dim 16, defaults first) | link |", ["network_lockstep_unshaped_dim16_reversed"]),
+    ("| seed (48e7686, dim 128, `off` first) | link |", ["network_lockstep_unshaped_dim128"]),
+    ("| seed (48e7686, dim 128, defaults first) | link |", ["network_lockstep_unshaped_dim128_reversed"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
@@ -954,6 +958,19 @@ def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
         spent = mine["time_breakdown_rank0"]
         _check(cells[8] + " " + cells[9], [spent["slipstream"], spent["serving"]])
         _check_decisions(cells[10], mine["serve_lever"]["decisions"])
+
+
+def test_the_one_element_agreement_sums_quote_their_unshaped_pairs():
+    """48e7686's unshaped pairs, both orders, 2 seeds each: each dim's summed seconds and their
+    ratio as quoted."""
+    text = " ".join((ROOT / "docs/results/serve.md").read_text().split())
+    for dim in (16, 128):
+        runs = [r for suffix in ("", "_reversed") for r in json.loads(
+            (RESULTS / f"network_lockstep_unshaped_dim{dim}{suffix}.json").read_text())["runs"]]
+        assert len(runs) == 8 and {r["rate"] for r in runs} == {"none"}
+        off = sum(r["train_seconds"] for r in runs if r["job"] == "off")
+        mine = sum(r["train_seconds"] for r in runs if r["job"] == "defaults")
+        assert f"{off / mine:.3f}x `off` at dim {dim} ({off:.1f} s against {mine:.1f} s)" in text
 
 
 def test_the_preset_before_the_sync_changes_trains_the_same_on_the_same_machine():
