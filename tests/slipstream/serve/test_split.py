@@ -14,7 +14,6 @@ from slipstream_rec.slipstream.serve.push import ServedGradients, served_rows
 from slipstream_rec.slipstream.serve.replica import StaleReplica
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.serve.split import ServePlan
-from slipstream_rec.sharding.sharded import ShardUnit
 from tests.slipstream._serving_case import DIM, FEATURES, REPLICA, ROWS, SAMPLES, _batch, _kjt, _replica, _tables, _units
 
 
