@@ -392,6 +392,31 @@ def test_the_wire_table_quotes_its_runs():
         assert 1.0 <= row["wire_train_over_program"] <= 1.031
 
 
+def test_the_harness_table_quotes_its_run():
+    """The harness on the full log (5 jobs x 3 links, seed 0): every row of the table as the
+    results file's table has it, and the ratios the bullets below it quote."""
+    doc = json.loads((RESULTS / "network_harness_clicklog_seed0.json").read_text())
+    assert "network_harness_clicklog_seed0.json" in doc["command"] and doc["rates"] == ["none", "1gbit", "200mbit"]
+    names = {"golden loop": "golden", "golden + qcomms": "golden+qcomms", "`off`": "off",
+             "`off` + qcomms + fp16 hook": "off+qcomms", "defaults": "defaults"}
+    table = {(r["job"], r["rate"]): r for r in doc["table"]}
+    rows = _rows("docs/performance.md", "| job (the harness, `clicklog`, seed 0) | link |")
+    assert len(rows) == len(table) == 15
+    for cells in rows:
+        r = table[(names[cells[0].split(" (")[0]], cells[1])]
+        _check(cells[2] + " " + cells[3].replace(",", ""), [r["train_seconds"], r["samples_per_second"]])
+        _check(cells[4], [r["wire_bytes_per_sample"]])
+        _check(cells[5], [] if r["program_bytes_per_sample"] is None else [r["program_bytes_per_sample"]])
+        _check(cells[6] + " " + cells[7], [r["test_auc"]] + ([] if r["job"] == "off" else [r["paired_auc_vs_off"]]))
+    text = " ".join((ROOT / "docs/performance.md").read_text().split())
+    sec = {k: v["train_seconds"] for k, v in table.items()}
+    share = doc["communication_share"]["by_rate"]
+    assert f"{share['1gbit']:.1%} at 1gbit and {share['200mbit']:.1%} at 200mbit" in text
+    assert "0.91x" in text and round(sec[("golden", "200mbit")] / sec[("off", "200mbit")], 2) == 0.91
+    quoted = [f"{sec[('off', rate)] / sec[('defaults', rate)]:.2f}x" for rate in ("none", "1gbit", "200mbit")]
+    assert f"{quoted[0]} `off` unshaped and {quoted[1]} over 1gbit" in text and f"{quoted[2]} `off`. Paired" in text
+
+
 def _check_rows() -> Dict[Tuple[int, str, str, str], dict]:
     doc = json.loads((RESULTS / "step_model_check.json").read_text())
     out = {}
