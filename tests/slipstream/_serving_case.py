@@ -70,10 +70,14 @@ def _units(tables, column_split: bool = False):
     return units
 
 
+def _replica_keys(index):
+    """The flat keys of the case's replica rows (``REPLICA``), in ``index``'s numbering."""
+    return torch.cat([index.to_flat(f, torch.tensor(REPLICA[name])) for f, name in enumerate(FEATURES)])
+
+
 def _replica(column_split: bool = False):
     index = RowIndex(FEATURES, ROWS)
     tables = _tables()
     replica = StaleReplica(index, DIM, torch.device("cpu"))
-    keys = torch.cat([index.to_flat(f, torch.tensor(REPLICA[name])) for f, name in enumerate(FEATURES)])
-    replica.rebuild(_units(tables, column_split), keys, {n: i for i, n in enumerate(FEATURES)})
+    replica.rebuild(_units(tables, column_split), _replica_keys(index), {n: i for i, n in enumerate(FEATURES)})
     return replica, tables, index

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.dist_harness import run_workers
-from tests.slipstream._serving_case import FEATURES, REPLICA, SAMPLES
+from tests.slipstream._serving_case import FEATURES, REPLICA, SAMPLES, _replica_keys
 
 WORLD = 2
 FLAG = 8  # bytes: the one int64 every agreement carries
@@ -43,8 +43,7 @@ AGREED = [max(a, b) for a, b in zip(_needed(SAMPLES), _needed(RANK1))]
 
 def _filled(plan, units, features, index):
     """The replica rebuilt to the case's rows (all ranks: a rebuild is collective)."""
-    keys = torch.cat([index.to_flat(f, torch.tensor(REPLICA[name])) for f, name in enumerate(FEATURES)])
-    plan.replica.rebuild(units, keys, features)
+    plan.replica.rebuild(units, _replica_keys(index), features)
 
 
 def agreement_worker(env, every: int):

@@ -14,7 +14,7 @@ from slipstream_rec.slipstream.serve.push import ServedGradients, served_rows
 from slipstream_rec.slipstream.serve.replica import StaleReplica
 from slipstream_rec.slipstream.rows import RowIndex
 from slipstream_rec.slipstream.serve.split import ServePlan
-from tests.slipstream._serving_case import DIM, FEATURES, REPLICA, ROWS, SAMPLES, _batch, _kjt, _replica, _tables, _units
+from tests.slipstream._serving_case import DIM, FEATURES, REPLICA, ROWS, SAMPLES, _batch, _kjt, _replica, _replica_keys, _tables, _units
 
 
 def _reference_pooled(samples, tables):
@@ -219,7 +219,7 @@ def _synced_replica(wire, column_split):
     units = _units(tables, column_split)
     features = {n: i for i, n in enumerate(FEATURES)}
     replica = StaleReplica(index, DIM, torch.device("cpu"), wire)
-    keys = torch.cat([index.to_flat(f, torch.tensor(REPLICA[name])) for f, name in enumerate(FEATURES)])
+    keys = _replica_keys(index)
     replica.rebuild(units, keys, features)
     return index, tables, units, features, replica, keys
 
