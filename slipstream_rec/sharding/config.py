@@ -31,6 +31,16 @@ class CommPrecision(Enum):
     int8 = "int8"
 
 
+class AutoTypes(Enum):
+    """The sharding types ``type: auto`` lets TorchRec's planner choose from."""
+
+    # What TorchRec's own EmbeddingBagCollectionSharder offers on the run's device (CPU:
+    # data_parallel, table_wise, column_wise, table_column_wise; CUDA: every type).
+    torchrec = "torchrec"
+    # Every type this project's sharder supports, row_wise and table_row_wise on CPU too.
+    all = "all"
+
+
 @dataclass
 class QCommsConfig:
     """TorchRec's quantized comms (``torchrec.distributed.fbgemm_qcomm_codec``): the pooled
@@ -71,6 +81,11 @@ class ShardingConfig:
     # Per-table exceptions, table name -> sharding type, e.g. {t_cat_2: row_wise}. Tables are
     # named t_<feature> (t_cat_0 ... t_cat_25 on Criteo-like data).
     table_overrides: Dict[str, ShardingKind] = field(default_factory=dict)
+    # The types auto chooses from: torchrec (what TorchRec's own sharder offers on this device)
+    # or all (row-wise kinds on CPU too). On gloo the planner rates row-wise plans cheaper than
+    # they run (docs/performance.md, "The planner's candidates on CPU"); a named type or a
+    # table override may still be any type.
+    auto_types: AutoTypes = AutoTypes.torchrec
     # column_wise only: width of each column shard (must divide model.embedding_dim); 0 lets
     # the planner choose (it may keep a table whole).
     column_shard_dim: int = 0

@@ -11,19 +11,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints, TopologyFactory
 from torchrec.distributed.planner.types import TrainerConfig as PlannerTrainerConfig
 from torchrec.distributed.planner.types import KernelConfig
+from torchrec.distributed.sharding_plan import _calculate_cw_shard_sizes_and_offsets
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
-from slipstream_rec.sharding.config import ComputeKernel, ShardingConfig, ShardingKind
+from slipstream_rec.sharding.config import AutoTypes, ComputeKernel, ShardingConfig, ShardingKind
 from slipstream_rec.sharding.qcomms import check_qcomms, codecs_registry
 from slipstream_rec.sharding.sharder import (
-    SUPPORTED_SHARDING_TYPES,
     SlipstreamEmbeddingBagCollectionSharder,
 )
 
@@ -88,10 +89,39 @@ def cache_load_factors(cfg: ShardingConfig, tables: List[EmbeddingBagConfig]) ->
     return factors
 
 
+def auto_types(
+    cfg: ShardingConfig, device_type: str, table: EmbeddingBagConfig, single_node: bool = False
+) -> List[str]:
+    """The sharding types ``type: auto`` lets the planner choose from for ``table`` on
+    ``device_type``: the kinds this project names (and tests Slipstream's shards on), under
+    ``auto_types=torchrec`` only those TorchRec's own sharder offers there. A kind that is
+    another one under a second name here is left out (the planner would pick either by the
+    process's hash seed, so the plan would change from run to run)."""
+    named = {k.value for k in ShardingKind if k is not ShardingKind.auto}
+    # TorchRec's sharder leaves the row-wise kinds out on CPU; its planner, offered them there,
+    # picks them for the big tables, and the run is slower (docs/performance.md). The sharder's
+    # order is kept: the planner breaks ties between equally rated types by it.
+    if cfg.auto_types is AutoTypes.all:
+        offered = make_sharders(None, device_type)[0].sharding_types(device_type)
+    else:
+        offered = EmbeddingBagCollectionSharder().sharding_types(device_type)
+    # A table too narrow to split into column shards (TorchRec's default block: MIN_CW_DIM) is
+    # table-wise; on one node table_row_wise is row_wise.
+    sizes, _ = _calculate_cw_shard_sizes_and_offsets(table.embedding_dim, table.num_embeddings)
+    if len(sizes) == 1:
+        named.discard(ShardingKind.column_wise.value)
+    if single_node:
+        named.discard(ShardingKind.table_row_wise.value)
+    return [t for t in offered if t in named]
+
+
 def parameter_constraints(
-    cfg: ShardingConfig, tables: List[EmbeddingBagConfig], device_type: str = "cpu"
+    cfg: ShardingConfig,
+    tables: List[EmbeddingBagConfig],
+    device_type: str = "cpu",
+    single_node: bool = False,
 ) -> Dict[str, ParameterConstraints]:
-    """Per-table planner constraints that realise ``cfg``; empty for a pure ``auto`` plan."""
+    """Per-table planner constraints that realise ``cfg``: a named type, or auto's types."""
     names = {t.name for t in tables}
     unknown = sorted(set(cfg.table_overrides) - names)
     if unknown:
@@ -111,13 +141,6 @@ def parameter_constraints(
                 "rows are updated by the dense optimizer in fp16 (NaN measured on CPU). Use "
                 "another sharding type for it (sharding.table_overrides) or model.embedding_dtype=fp32"
             )
-        if (
-            kind is ShardingKind.auto
-            and cfg.compute_kernel is ComputeKernel.auto
-            and device_type != "cuda"
-            and not fp16
-        ):
-            continue  # the planner is free (on CPU its only kernels are fused and dense)
         min_partition: Optional[int] = None
         if kind is ShardingKind.column_wise and cfg.column_shard_dim:
             if table.embedding_dim % cfg.column_shard_dim:
@@ -127,13 +150,14 @@ def parameter_constraints(
                 )
             min_partition = cfg.column_shard_dim
         if kind is ShardingKind.auto:
-            # any type with the configured kernel; under auto also data_parallel (dense kernel).
-            # A forced kernel excludes data_parallel: every table then uses that kernel.
-            types = None
+            # auto's types with the configured kernel; under auto also data_parallel (dense
+            # kernel). fp16 rows update only through FBGEMM's fused kernels, and a forced kernel
+            # is every table's: neither goes data_parallel.
+            types = auto_types(cfg, device_type, table, single_node)
             kernels = _kernels(kind, cfg, device_type)
-            if fp16:  # fp16 rows only through FBGEMM's fused update: no data_parallel
-                types = [t for t in SUPPORTED_SHARDING_TYPES if t != ShardingKind.data_parallel.value]
-            elif cfg.compute_kernel is ComputeKernel.auto:
+            if fp16 or cfg.compute_kernel is not ComputeKernel.auto:
+                types = [t for t in types if t != ShardingKind.data_parallel.value]
+            else:
                 kernels = kernels + [EmbeddingComputeKernel.DENSE.value]
         else:
             types = [kind.value]
@@ -199,7 +223,7 @@ def make_planner(
         topology=topology,
         batch_size=batch_size,
         storage_reservation=FixedPercentageStorageReservation(cfg.storage_reservation),
-        constraints=parameter_constraints(cfg, tables, device_type),
+        constraints=parameter_constraints(cfg, tables, device_type, local_world_size >= world_size),
         debug=False,
     )
 

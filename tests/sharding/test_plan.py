@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from slipstream_rec.sharding.config import ShardingConfig, ShardingKind
+from slipstream_rec.sharding.config import AutoTypes, ShardingConfig, ShardingKind
 from slipstream_rec.sharding.plan import parameter_constraints
 from slipstream_rec.sharding.sharder import SlipstreamEmbeddingBagCollectionSharder
 
@@ -23,8 +23,93 @@ def test_sharder_offers_every_type_on_every_device(device):
             assert kind.value in types, (kind, device)
 
 
-def test_auto_leaves_the_planner_free():
-    assert parameter_constraints(ShardingConfig(), TABLES) == {}
+def test_auto_offers_the_kinds_torchrecs_sharder_offers_on_the_device_in_its_order():
+    def types(cfg, device, dim=16, single_node=False):
+        table = EmbeddingBagConfig(name="t_0", embedding_dim=dim, num_embeddings=100, feature_names=["f0"])
+        return parameter_constraints(cfg, [table], device, single_node)["t_0"].sharding_types
+
+    auto, every = ShardingConfig(), ShardingConfig(auto_types=AutoTypes.all)
+    # TorchRec's EmbeddingBagCollectionSharder offers no row-wise kind on CPU; column-wise only
+    # where a table is wider than one column block (TorchRec's MIN_CW_DIM, 128).
+    assert types(auto, "cpu") == ["data_parallel", "table_wise"]
+    assert types(auto, "cpu", dim=256) == ["data_parallel", "table_wise", "column_wise"]
+    assert types(auto, "cuda") == ["data_parallel", "table_wise", "row_wise", "table_row_wise"]
+    # On one node table_row_wise is row_wise under a second name.
+    assert types(auto, "cuda", single_node=True) == ["data_parallel", "table_wise", "row_wise"]
+    # auto_types=all: the row-wise kinds on CPU too, in our sharder's order.
+    assert types(every, "cpu") == ["data_parallel", "table_wise", "row_wise", "table_row_wise"]
+    assert types(every, "cpu", single_node=True) == ["data_parallel", "table_wise", "row_wise"]
+
+
+# The rows of data=clicklog's 26 tables: big and small tables, where TorchRec's planner, offered
+# the row-wise kinds on CPU, picks them for the big ones.
+CLICKLOG_ROWS = [100000, 200, 60, 3000, 6, 14, 26, 8, 40, 51200, 35806, 8000, 2000, 120, 6, 18,
+                 25000, 10000, 40, 54943, 2, 24, 7, 10, 6, 500]  # fmt: skip
+
+
+def _clicklog_model(dim=16):
+    import torch
+    from slipstream_rec.model.config import ModelConfig
+    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
+    from slipstream_rec.optim import EmbeddingOptimConfig, fuse_embedding_optimizer
+
+    feats = [f"f{i}" for i in range(len(CLICKLOG_ROWS))]
+    model_cfg = ModelConfig(embedding_dim=dim)
+    model = build_model(model_cfg, 13, feats, CLICKLOG_ROWS, torch.device("meta"))
+    fuse_embedding_optimizer(model, EmbeddingOptimConfig())
+    return model, embedding_bag_configs(model_cfg, feats, CLICKLOG_ROWS)
+
+
+def clicklog_plan(auto_types: str = "torchrec", local_world_size: int = 1) -> dict:
+    """Our planner's plan of the clicklog tables on 2 ranks: table -> (type, ranks)."""
+    from slipstream_rec.sharding.plan import make_planner, make_sharders
+
+    model, tables = _clicklog_model()
+    cfg = ShardingConfig(auto_types=AutoTypes(auto_types))
+    plan = make_planner(cfg, tables, 2, local_world_size, "cpu", 2048).plan(model, make_sharders(cfg))
+    return {t: (ps.sharding_type, ps.ranks) for mp in plan.plan.values() for t, ps in mp.items()}
+
+
+@pytest.mark.parametrize("local_world_size", [1, 2])
+def test_auto_on_cpu_plans_as_torchrecs_planner_with_its_own_sharder(local_world_size):
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    model, _ = _clicklog_model()
+    # The golden loop's planner: TorchRec's own sharder and defaults, no constraints.
+    stock = EmbeddingShardingPlanner(
+        topology=Topology(world_size=2, local_world_size=local_world_size, compute_device="cpu"), batch_size=2048
+    ).plan(model, [EmbeddingBagCollectionSharder()])
+    # A one-shard column_wise table is table_wise (TorchRec picks either, by the hash seed).
+    theirs = {t: ps.sharding_type.replace("column_wise", "table_wise") for mp in stock.plan.values() for t, ps in mp.items()}
+    ours = {t: kind for t, (kind, _) in clicklog_plan("torchrec", local_world_size).items()}
+    assert ours == theirs
+    assert set(ours.values()) == {"data_parallel", "table_wise"}
+    # Offered every kind, the planner puts the big tables row-wise on this CPU topology.
+    every = {kind for kind, _ in clicklog_plan("all", local_world_size).values()}
+    assert every & {"row_wise", "table_row_wise"}
+
+
+# Two hash seeds under which TorchRec's planner, offered column_wise beside table_wise for these
+# 16-wide tables, picks column_wise (0) and table_wise (1): found by trying seeds 0-5.
+HASH_SEEDS = (0, 1)
+
+
+def test_auto_plans_the_same_whatever_the_hash_seed():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = "import json; from tests.sharding.test_plan import clicklog_plan; print(json.dumps(clicklog_plan()))"
+    plans = []
+    for seed in HASH_SEEDS:
+        env = dict(os.environ, PYTHONHASHSEED=str(seed))
+        out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True)
+        plans.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert all(p == plans[0] for p in plans[1:]), plans
 
 
 def test_one_type_for_all_tables_with_the_right_kernel():
@@ -118,7 +203,8 @@ def test_a_forced_caching_kernel_reaches_every_table_under_the_auto_type():
 
     cfg = ShardingConfig(compute_kernel=ComputeKernel.fused_uvm_caching, cache_load_factor=0.05)
     c = parameter_constraints(cfg, TABLES, "cuda")
-    assert all(v.sharding_types is None and v.compute_kernels == ["fused_uvm_caching"] for v in c.values())
+    assert all(v.compute_kernels == ["fused_uvm_caching"] for v in c.values())
+    assert all("data_parallel" not in v.sharding_types for v in c.values())
     plan = _cuda_plan(ShardingConfig(compute_kernel=ComputeKernel.fused_uvm_caching, cache_load_factor=0.05), rows=[1000, 5000])
     assert {ps.compute_kernel for ps in plan.values()} == {"fused_uvm_caching"}
 
