@@ -8,6 +8,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from slipstream_rec.sharding.config import AutoTypes, ShardingConfig, ShardingKind
 from slipstream_rec.sharding.plan import parameter_constraints
 from slipstream_rec.sharding.sharder import SlipstreamEmbeddingBagCollectionSharder
+from tests.sharding._clicklog_plan import clicklog_model, clicklog_plan
 
 TABLES = [
     EmbeddingBagConfig(name=f"t_{i}", embedding_dim=16, num_embeddings=100, feature_names=[f"f{i}"])
@@ -41,41 +42,12 @@ def test_auto_offers_the_kinds_torchrecs_sharder_offers_on_the_device_in_its_ord
     assert types(every, "cpu", single_node=True) == ["data_parallel", "table_wise", "row_wise"]
 
 
-# The rows of data=clicklog's 26 tables: big and small tables, where TorchRec's planner, offered
-# the row-wise kinds on CPU, picks them for the big ones.
-CLICKLOG_ROWS = [100000, 200, 60, 3000, 6, 14, 26, 8, 40, 51200, 35806, 8000, 2000, 120, 6, 18,
-                 25000, 10000, 40, 54943, 2, 24, 7, 10, 6, 500]  # fmt: skip
-
-
-def _clicklog_model(dim=16):
-    import torch
-    from slipstream_rec.model.config import ModelConfig
-    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
-    from slipstream_rec.optim import EmbeddingOptimConfig, fuse_embedding_optimizer
-
-    feats = [f"f{i}" for i in range(len(CLICKLOG_ROWS))]
-    model_cfg = ModelConfig(embedding_dim=dim)
-    model = build_model(model_cfg, 13, feats, CLICKLOG_ROWS, torch.device("meta"))
-    fuse_embedding_optimizer(model, EmbeddingOptimConfig())
-    return model, embedding_bag_configs(model_cfg, feats, CLICKLOG_ROWS)
-
-
-def clicklog_plan(auto_types: str = "torchrec", local_world_size: int = 1) -> dict:
-    """Our planner's plan of the clicklog tables on 2 ranks: table -> (type, ranks)."""
-    from slipstream_rec.sharding.plan import make_planner, make_sharders
-
-    model, tables = _clicklog_model()
-    cfg = ShardingConfig(auto_types=AutoTypes(auto_types))
-    plan = make_planner(cfg, tables, 2, local_world_size, "cpu", 2048).plan(model, make_sharders(cfg))
-    return {t: (ps.sharding_type, ps.ranks) for mp in plan.plan.values() for t, ps in mp.items()}
-
-
 @pytest.mark.parametrize("local_world_size", [1, 2])
 def test_auto_on_cpu_plans_as_torchrecs_planner_with_its_own_sharder(local_world_size):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
-    model, _ = _clicklog_model()
+    model, _ = clicklog_model()
     # The golden loop's planner: TorchRec's own sharder and defaults, no constraints.
     stock = EmbeddingShardingPlanner(
         topology=Topology(world_size=2, local_world_size=local_world_size, compute_device="cpu"), batch_size=2048
@@ -103,7 +75,7 @@ def test_auto_plans_the_same_whatever_the_hash_seed():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    code = "import json; from tests.sharding.test_plan import clicklog_plan; print(json.dumps(clicklog_plan()))"
+    code = "import json; from tests.sharding._clicklog_plan import clicklog_plan; print(json.dumps(clicklog_plan()))"
     plans = []
     for seed in HASH_SEEDS:
         env = dict(os.environ, PYTHONHASHSEED=str(seed))
