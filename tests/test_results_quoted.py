@@ -284,12 +284,14 @@ def test_serve_tables_quote_their_results_files(doc):
 
 # ---- the headline: benchmarks/headline.py -------------------------------------------------------
 #
-# The README's and docs/performance.md's headline tables quote headline_levers.json (the
+# docs/performance.md's headline table quotes headline_levers.json (the
 # headline since the levers measure themselves; headline.json is the one before, with per-sample
 # serving, quoted nowhere now), recomputed from its per-seed records (``runs``: train seconds,
 # test AUC, test CTR and mean prediction of each arm), not from its ``table``.
 
 HEADLINE = json.loads((RESULTS / "headline_levers.json").read_text())["results"]
+# The README's table: the headline again after auto took TorchRec's kinds on CPU (793715a).
+README_HEADLINE = json.loads((RESULTS / "headline_torchrec_types.json").read_text())["results"]
 
 
 def _dataset(cell: str) -> str:
@@ -313,9 +315,9 @@ def _arm(runs: Dict[str, List[dict]], arm: str) -> Dict[str, List[float]]:
 
 def test_the_readme_table_quotes_the_results_file():
     rows = _rows("README.md", "| data | golden loop train s |")
-    assert {_dataset(r[0]) for r in rows} == set(HEADLINE)
+    assert {_dataset(r[0]) for r in rows} == set(README_HEADLINE)
     for r in rows:
-        runs = HEADLINE[_dataset(r[0])]["runs"]
+        runs = README_HEADLINE[_dataset(r[0])]["runs"]
         golden, off, defaults = (_arm(runs, a) for a in ("golden", "off", "defaults"))
         _check(r[1], golden["seconds"])
         _check(r[2], off["speed"][:1])
@@ -323,6 +325,18 @@ def test_the_readme_table_quotes_the_results_file():
         _check(r[4], defaults["speed"])
         _check(r[5], defaults["vs_off"])
         _check(r[6], defaults["paired"])
+
+
+def test_the_headline_on_torchrecs_kinds_paragraph_quotes_the_results_file():
+    text = " ".join((ROOT / "docs/performance.md").read_text().split())
+    para = text[text.index("**The headline on TorchRec's kinds**"):][:900]
+    arms = {d: {a: _arm(README_HEADLINE[d]["runs"], a) for a in ("golden", "off", "defaults")} for d in README_HEADLINE}
+    raw, log = arms["clicklog_raw"], arms["clicklog"]
+    per_seed = lambda v: ", ".join(f"{x:.2f}" for x in v[1:])  # noqa: E731
+    assert f"`clicklog_raw` (per seed {per_seed(raw['off']['speed'])}) and on `clicklog` ({per_seed(log['off']['speed'])})" in para
+    assert f"the defaults {raw['defaults']['speed'][0]:.2f}x and {log['defaults']['speed'][0]:.2f}x" in para
+    assert f"+{raw['defaults']['paired'][0]:.4f} and {log['defaults']['paired'][0]:.4f}" in para
+    assert f"took {raw['golden']['seconds'][0]:.1f} s and {log['golden']['seconds'][0]:.1f} s on average" in para
 
 
 def test_the_performance_table_quotes_the_results_file():
@@ -392,15 +406,15 @@ def test_the_wire_table_quotes_its_runs():
         assert 1.0 <= row["wire_train_over_program"] <= 1.031
 
 
-def test_the_harness_table_quotes_its_run():
-    """The harness on the full log (5 jobs x 3 links, seed 0): every row of the table as the
-    results file's table has it, and the ratios the bullets below it quote."""
-    doc = json.loads((RESULTS / "network_harness_clicklog_seed0.json").read_text())
-    assert "network_harness_clicklog_seed0.json" in doc["command"] and doc["rates"] == ["none", "1gbit", "200mbit"]
+def _harness_table(name: str, header: str):
+    """A harness table of docs/performance.md against its results file: every row as the file's
+    table has it. Returns the file and its table by (job, rate)."""
+    doc = json.loads((RESULTS / name).read_text())
+    assert name in doc["command"] and doc["rates"] == ["none", "1gbit", "200mbit"]
     names = {"golden loop": "golden", "golden + qcomms": "golden+qcomms", "`off`": "off",
              "`off` + qcomms + fp16 hook": "off+qcomms", "defaults": "defaults"}
     table = {(r["job"], r["rate"]): r for r in doc["table"]}
-    rows = _rows("docs/performance.md", "| job (the harness, `clicklog`, seed 0) | link |")
+    rows = _rows("docs/performance.md", header)
     assert len(rows) == len(table) == 15
     for cells in rows:
         r = table[(names[cells[0].split(" (")[0]], cells[1])]
@@ -408,6 +422,33 @@ def test_the_harness_table_quotes_its_run():
         _check(cells[4], [r["wire_bytes_per_sample"]])
         _check(cells[5], [] if r["program_bytes_per_sample"] is None else [r["program_bytes_per_sample"]])
         _check(cells[6] + " " + cells[7], [r["test_auc"]] + ([] if r["job"] == "off" else [r["paired_auc_vs_off"]]))
+    return doc, table
+
+
+def test_the_harness_on_torchrecs_kinds_quotes_its_run():
+    """The harness after auto took TorchRec's kinds (793715a): its table and the ratios quoted."""
+    doc, table = _harness_table(
+        "network_harness_clicklog_torchrec_types_seed0.json",
+        "| job (the harness, `clicklog`, seed 0, TorchRec's kinds) | link |",
+    )
+    text = " ".join((ROOT / "docs/performance.md").read_text().split())
+    sec = {k: v["train_seconds"] for k, v in table.items()}
+    golden = [f"{sec[('golden', r)] / sec[('off', r)]:.2f}x" for r in ("none", "1gbit", "200mbit")]
+    assert f"{golden[0]} unshaped, {golden[1]} over 1gbit, {golden[2]} over 200mbit" in text
+    wire = {k: v["wire_bytes_per_sample"] for k, v in table.items()}
+    assert f"**{wire[('off+qcomms', '200mbit')] / wire[('off', '200mbit')]:.2f} of `off`'s**" in text
+    assert f"**{sec[('off', '200mbit')] / sec[('off+qcomms', '200mbit')]:.2f}x `off`'s**" in text
+    assert f"{sec[('golden+qcomms', '200mbit')] / sec[('off+qcomms', '200mbit')]:.2f}x the golden loop with its own qcomms" in text
+    defaults = [f"{sec[('off', r)] / sec[('defaults', r)]:.2f}x" for r in ("none", "1gbit", "200mbit")]
+    assert f"{defaults[0]} `off` unshaped and {defaults[1]} over 1gbit" in text and f"{defaults[2]} `off`. Paired test AUC" in text
+    share = doc["communication_share"]["by_rate"]
+    assert f"{share['1gbit']:.1%} at 1gbit (the noise above) and {share['200mbit']:.1%} at 200mbit" in text
+
+
+def test_the_harness_table_quotes_its_run():
+    """The harness on the full log (5 jobs x 3 links, seed 0): every row of the table as the
+    results file's table has it, and the ratios the bullets below it quote."""
+    doc, table = _harness_table("network_harness_clicklog_seed0.json", "| job (the harness, `clicklog`, seed 0) | link |")
     text = " ".join((ROOT / "docs/performance.md").read_text().split())
     sec = {k: v["train_seconds"] for k, v in table.items()}
     share = doc["communication_share"]["by_rate"]
