@@ -631,6 +631,8 @@ QCOMMS_ROWS = {
     ("qcomms alone", "the planner's", False): ("serve_qcomms_parts_clicklog", "qcomms_only"),
     ("fp16 hook alone", "`off`'s", False): ("serve_qcomms_parts_clicklog", "hook_only"),
     ("qcomms + fp16 hook", "`off`'s, pinned", False): ("serve_qcomms_offplan_clicklog", "qcomms"),
+    ("qcomms + fp16 hook", "TorchRec's kinds (793715a)", False): ("serve_qcomms_torchrec_types_clicklog", "qcomms"),
+    ("qcomms alone", "TorchRec's kinds (793715a)", False): ("serve_qcomms_torchrec_types_clicklog", "qcomms_only"),
 }
 
 
