@@ -32,12 +32,13 @@ class CommPrecision(Enum):
 
 
 class AutoTypes(Enum):
-    """The sharding types ``type: auto`` lets TorchRec's planner choose from."""
+    """The sharding kinds ``type: auto`` lets TorchRec's planner choose from (of those
+    ShardingKind names)."""
 
-    # What TorchRec's own EmbeddingBagCollectionSharder offers on the run's device (CPU:
-    # data_parallel, table_wise, column_wise, table_column_wise; CUDA: every type).
+    # Those TorchRec's own EmbeddingBagCollectionSharder offers on the run's device (CPU:
+    # data_parallel, table_wise, column_wise; CUDA: every kind).
     torchrec = "torchrec"
-    # Every type this project's sharder supports, row_wise and table_row_wise on CPU too.
+    # Every kind, row_wise and table_row_wise on CPU too.
     all = "all"
 
 
@@ -81,10 +82,10 @@ class ShardingConfig:
     # Per-table exceptions, table name -> sharding type, e.g. {t_cat_2: row_wise}. Tables are
     # named t_<feature> (t_cat_0 ... t_cat_25 on Criteo-like data).
     table_overrides: Dict[str, ShardingKind] = field(default_factory=dict)
-    # The types auto chooses from: torchrec (what TorchRec's own sharder offers on this device)
-    # or all (row-wise kinds on CPU too). On gloo the planner rates row-wise plans cheaper than
-    # they run (docs/performance.md, "The planner's candidates on CPU"); a named type or a
-    # table override may still be any type.
+    # The kinds auto chooses from: torchrec (those TorchRec's own sharder offers on this device)
+    # or all (the row-wise kinds on CPU too). On gloo the planner rates row-wise plans cheaper
+    # than they run (docs/performance.md, "The planner's choices on CPU"); a named type or a
+    # table override may still be any kind.
     auto_types: AutoTypes = AutoTypes.torchrec
     # column_wise only: width of each column shard (must divide model.embedding_dim); 0 lets
     # the planner choose (it may keep a table whole).
