@@ -445,6 +445,19 @@ def test_the_harness_on_torchrecs_kinds_quotes_its_run():
     assert f"{share['1gbit']:.1%} at 1gbit (the noise above) and {share['200mbit']:.1%} at 200mbit" in text
 
 
+def test_the_lockstep_every_8_pair_quotes_its_run():
+    doc = json.loads((RESULTS / "network_lockstep_every8_200mbit.json").read_text())
+    assert "network_lockstep_every8_200mbit.json" in doc["command"]
+    runs = {r["job"]: r for r in doc["runs"]}
+    one, eight = runs["off"], runs["off_agree8"]
+    assert one["samples_trained"] == eight["samples_trained"]
+    t1, t8 = one["time_breakdown_rank0"], eight["time_breakdown_rank0"]
+    text = " ".join((ROOT / "docs/performance.md").read_text().split())
+    assert (f"data time {t1['data']:.1f} s -> {t8['data']:.1f} s, backward {t1['backward']:.1f} s -> "
+            f"{t8['backward']:.1f} s, train {one['train_seconds']:.1f} s -> {eight['train_seconds']:.1f} s "
+            f"({one['train_seconds'] / eight['train_seconds']:.2f}x)") in text
+
+
 def test_the_harness_table_quotes_its_run():
     """The harness on the full log (5 jobs x 3 links, seed 0): every row of the table as the
     results file's table has it, and the ratios the bullets below it quote."""
