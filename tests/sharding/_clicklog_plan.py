@@ -1,7 +1,9 @@
-"""The clicklog tables planned on 2 ranks by our planner: shared by the plan tests and the
-subprocesses they start under other hash seeds."""
+"""The project's model on the meta device for the planner, and the clicklog tables planned on 2
+ranks: shared by the plan tests and the subprocesses they start under other hash seeds."""
 
 from __future__ import annotations
+
+from typing import List
 
 from slipstream_rec.sharding.config import AutoTypes, ShardingConfig
 
@@ -11,25 +13,26 @@ CLICKLOG_ROWS = [100000, 200, 60, 3000, 6, 14, 26, 8, 40, 51200, 35806, 8000, 20
                  25000, 10000, 40, 54943, 2, 24, 7, 10, 6, 500]  # fmt: skip
 
 
-def clicklog_model(dim: int = 16):
-    """The project's DLRM on the meta device (no memory), its optimizer fused as in training."""
+def meta_model(rows: List[int]):
+    """The project's DLRM (dim 16, one table per feature of ``rows`` rows) on the meta device,
+    its optimizer fused as in training, and its table configs: what the planner plans."""
     import torch
     from slipstream_rec.model.config import ModelConfig
     from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
     from slipstream_rec.optim import EmbeddingOptimConfig, fuse_embedding_optimizer
 
-    feats = [f"f{i}" for i in range(len(CLICKLOG_ROWS))]
-    model_cfg = ModelConfig(embedding_dim=dim)
-    model = build_model(model_cfg, 13, feats, CLICKLOG_ROWS, torch.device("meta"))
+    feats = [f"f{i}" for i in range(len(rows))]
+    model_cfg = ModelConfig(embedding_dim=16)
+    model = build_model(model_cfg, 13, feats, rows, torch.device("meta"))
     fuse_embedding_optimizer(model, EmbeddingOptimConfig())
-    return model, embedding_bag_configs(model_cfg, feats, CLICKLOG_ROWS)
+    return model, embedding_bag_configs(model_cfg, feats, rows)
 
 
 def clicklog_plan(auto_types: str = "torchrec", local_world_size: int = 1) -> dict:
     """Our planner's plan of the clicklog tables on 2 ranks: table -> (type, ranks)."""
     from slipstream_rec.sharding.plan import make_planner, make_sharders
 
-    model, tables = clicklog_model()
+    model, tables = meta_model(CLICKLOG_ROWS)
     cfg = ShardingConfig(auto_types=AutoTypes(auto_types))
     plan = make_planner(cfg, tables, 2, local_world_size, "cpu", 2048).plan(model, make_sharders(cfg))
     return {t: (ps.sharding_type, ps.ranks) for mp in plan.plan.values() for t, ps in mp.items()}

@@ -8,7 +8,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from slipstream_rec.sharding.config import AutoTypes, ShardingConfig, ShardingKind
 from slipstream_rec.sharding.plan import parameter_constraints
 from slipstream_rec.sharding.sharder import SlipstreamEmbeddingBagCollectionSharder
-from tests.sharding._clicklog_plan import clicklog_model, clicklog_plan
+from tests.sharding._clicklog_plan import CLICKLOG_ROWS, clicklog_plan, meta_model
 
 TABLES = [
     EmbeddingBagConfig(name=f"t_{i}", embedding_dim=16, num_embeddings=100, feature_names=[f"f{i}"])
@@ -47,7 +47,7 @@ def test_auto_on_cpu_plans_as_torchrecs_planner_with_its_own_sharder(local_world
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
-    model, _ = clicklog_model()
+    model, _ = meta_model(CLICKLOG_ROWS)
     # The golden loop's planner: TorchRec's own sharder and defaults, no constraints.
     stock = EmbeddingShardingPlanner(
         topology=Topology(world_size=2, local_world_size=local_world_size, compute_device="cpu"), batch_size=2048
@@ -116,17 +116,9 @@ BIG = [1000, 50_000_000, 2_000_000]  # rows of f0, f1, f2: f1 (3.2 GB at dim 16)
 
 
 def _cuda_plan(cfg: ShardingConfig, rows=BIG):
-    import torch
-    from slipstream_rec.model.config import ModelConfig
-    from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
-    from slipstream_rec.optim import EmbeddingOptimConfig, fuse_embedding_optimizer
     from slipstream_rec.sharding.plan import make_planner, make_sharders
 
-    feats = [f"f{i}" for i in range(len(rows))]
-    model_cfg = ModelConfig(embedding_dim=16)
-    model = build_model(model_cfg, 13, feats, rows, torch.device("meta"))
-    fuse_embedding_optimizer(model, EmbeddingOptimConfig())
-    tables = embedding_bag_configs(model_cfg, feats, rows)
+    model, tables = meta_model(rows)
     plan = make_planner(cfg, tables, 2, 2, "cuda", 2048).plan(model, make_sharders())
     return {t: ps for module_plan in plan.plan.values() for t, ps in module_plan.items()}
 
