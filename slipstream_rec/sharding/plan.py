@@ -102,7 +102,7 @@ def auto_types(
     # picks them for the big tables, and the run is slower (docs/performance.md). The sharder's
     # order is kept: the planner breaks ties between equally rated types by it.
     if cfg.auto_types is AutoTypes.all:
-        offered = make_sharders(None, device_type)[0].sharding_types(device_type)
+        offered = SlipstreamEmbeddingBagCollectionSharder().sharding_types(device_type)
     else:
         offered = EmbeddingBagCollectionSharder().sharding_types(device_type)
     # A table too narrow to split into column shards (TorchRec's default block: MIN_CW_DIM) is
