@@ -2,8 +2,11 @@
 
 Every rank asks the same questions of the same step numbers and gets the same answers, which is
 what lets the controller run its collectives there without an agreement of its own. Steps count
-trained steps from 1; the hot set is first chosen at ``count_steps``, and the snapshots, syncs,
-refreshes and the serve lever's windows are counted from there.
+trained steps from 1; the hot set is first chosen at ``count_steps``, and the snapshots, syncs and
+refreshes are counted from there. The serve lever's windows are counted from the second snapshot,
+the first step whose replica can hold rows (staleness is a change between two snapshots): the
+window before it, from ``count_steps``, times steps that nothing is served in, so serving may
+start there even where a window spans several snapshots.
 
 A policy that tracks nothing (``off``, ``random``) gets a schedule with no step at all: its
 controller runs the same code and nothing is due.
@@ -75,11 +78,24 @@ class Schedule:
         ``step`` (every snapshot, and every ``replica_sync_steps`` in between)."""
         return self.tracks and self.serves and self._every(step, self.sync_every)
 
+    @property
+    def first_serving(self) -> int:
+        """The step after which the replica can first hold rows: the second snapshot."""
+        return self.count_steps + self.snapshot_interval
+
     def window_end(self, step: int) -> bool:
-        """serve_when=auto: a lever window ends after ``step``."""
-        return self.tracks and self._every(step, self.lever_window)
+        """serve_when=auto: a lever window ends after ``step``: the wait for the replica's first
+        rows runs from ``count_steps`` to ``first_serving``, and windows of ``lever_window``
+        steps follow (with the window a single snapshot interval, every one of them is
+        ``lever_window`` long)."""
+        since = step - self.first_serving
+        on = self.tracks and self.lever_window > 0
+        return on and (step == self.count_steps or (since >= 0 and since % self.lever_window == 0))
 
     def window_mark(self, step: int) -> bool:
-        """serve_when=auto: the timed part of a window starts after ``step``."""
-        since = step - self.count_steps
-        return self.tracks and self.lever_window > 0 and since >= 0 and since % self.lever_window == self.settle
+        """serve_when=auto: the timed part of a window starts after ``step`` (``settle`` steps in;
+        the wait's window untimed where it is no longer than that)."""
+        since = step - self.first_serving
+        on = self.tracks and self.lever_window > 0
+        waiting = step == self.count_steps + self.settle and self.settle < self.snapshot_interval
+        return on and (waiting or (since >= 0 and since % self.lever_window == self.settle))

@@ -41,8 +41,28 @@ def test_the_lever_windows_and_their_timed_part():
     cfg = SlipstreamConfig(policy=Policy.paper_plus, action=Action.serve, count_steps=10, snapshot_interval=5,
                            count_fraction=0.2)  # fmt: skip
     s = Schedule.from_config(cfg, lever_window=10, settle=3)
-    assert _steps(s.window_end) == [10, 20, 30, 40, 50, 60]
-    assert _steps(s.window_mark) == [13, 23, 33, 43, 53]
+    # the wait for the replica's first rows: from the hot set's choice (10) to the second
+    # snapshot (15), the first step whose replica can hold rows; then windows of 10
+    assert _steps(s.window_end) == [10, 15, 25, 35, 45, 55]
+    assert _steps(s.window_mark) == [13, 18, 28, 38, 48, 58]
+    # every step a window ends at is a snapshot step (each window holds its snapshots whole)
+    assert set(_steps(s.window_end)) <= set(_steps(s.snapshot))
+
+
+def test_windows_of_one_snapshot_interval_run_from_the_hot_sets_choice():
+    cfg = SlipstreamConfig(policy=Policy.paper_plus, action=Action.serve, count_steps=20, snapshot_interval=50,
+                           count_fraction=0.25)  # fmt: skip
+    s = Schedule.from_config(cfg, lever_window=50, settle=2)
+    assert _steps(s.window_end, 200) == [20, 70, 120, 170]
+    assert _steps(s.window_mark, 200) == [22, 72, 122, 172]
+
+
+def test_a_wait_no_longer_than_the_settling_steps_is_not_timed():
+    cfg = SlipstreamConfig(policy=Policy.paper_plus, action=Action.serve, count_steps=10, snapshot_interval=5,
+                           count_fraction=0.2)  # fmt: skip
+    s = Schedule.from_config(cfg, lever_window=10, settle=6)
+    assert _steps(s.window_end) == [10, 15, 25, 35, 45, 55]
+    assert _steps(s.window_mark) == [21, 31, 41, 51]  # nothing marked in 10..15
 
 
 def test_a_policy_that_tracks_nothing_has_no_step_at_all():
