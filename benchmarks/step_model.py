@@ -41,10 +41,12 @@ from benchmarks._runner import fmt_cell  # noqa: E402
 
 PHASES = ("input", "forward", "backward", "serve", "control")
 PHASE_OF = {"input": "input", "output": "forward", "gradient": "backward", "dense": "backward",
-            "data_parallel": "backward", "push": "serve", "replica": "serve", "control": "control"}  # fmt: skip
+            "data_parallel": "backward", "push": "serve", "replica": "serve", "control": "control",
+            "tracking": "control"}  # fmt: skip
 # collectives per occurrence of a phase: the ids' all-to-all (lengths and values travel in one
 # KJTAllToAll); the pooled embeddings'; backward the gradients' and DDP's bucketed all-reduce;
-# serve's push and replica all-gather; the lock-step all-reduce
+# serve's push and replica all-gather; the lock-step all-reduce (the tracking's gathers, on the
+# snapshot steps, are spread over the steps with it)
 COLLECTIVES = {"input": 1, "forward": 1, "backward": 2, "serve": 2, "control": 1}
 A2A_KINDS = ("input", "output", "gradient")
 ALL_REDUCE_KINDS = ("dense", "data_parallel")

@@ -6,7 +6,7 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -165,7 +165,8 @@ def all_reduce_(t: torch.Tensor, op: Any = None) -> torch.Tensor:
 
 
 def gather_varlen(
-    t: torch.Tensor, lengths: Optional[List[int]] = None, with_lengths: bool = False, bulk: bool = False
+    t: torch.Tensor, lengths: Optional[List[int]] = None, with_lengths: bool = False, bulk: bool = False,
+    meter: Optional[Callable[[int], None]] = None,
 ) -> Any:
     """Concatenate every rank's 1-D tensor (lengths may differ), in rank order, on every rank.
 
@@ -174,7 +175,9 @@ def gather_varlen(
     small host tensor (keys, counts, flags) and is routed like ``all_reduce_`` (the gloo side
     group under nccl) and returned where it came from. ``lengths``: every rank's numel, when the
     caller knows them (no size exchange, so nothing is read back from a device); else they are
-    exchanged first. ``with_lengths``: return ``(tensor, lengths)``.
+    exchanged first. ``with_lengths``: return ``(tensor, lengths)``. ``meter``: called with the
+    bytes this rank gave (its size in the exchange, its part padded to the longest), which each
+    of the other ranks receives.
     Collective: all ranks enter (one all_gather of the sizes unless ``lengths``, then one of
     the values padded to the longest).
     """
@@ -185,12 +188,16 @@ def gather_varlen(
     if group is None:
         t = t.to(collective_device())  # nccl gathers CUDA tensors only
     world = dist.get_world_size()
+    given = 0
     if lengths is None:
         n = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
         sizes = [torch.zeros_like(n) for _ in range(world)]
         dist.all_gather(sizes, n, group=group)
         lengths = torch.cat(sizes).tolist()  # one read (of a device tensor under nccl: a sync)
+        given += n.element_size()
     assert lengths[dist.get_rank()] == t.numel(), "lengths[rank] is this rank's numel"
+    if meter is not None:
+        meter(given + max(lengths) * t.element_size())
     padded = torch.zeros(max(lengths), dtype=t.dtype, device=t.device)
     padded[: t.numel()] = t
     parts: List[torch.Tensor] = [torch.empty_like(padded) for _ in range(world)]

@@ -9,7 +9,7 @@ from typing import Any, List, Sequence, Tuple
 from slipstream_rec.report.runs import Run
 
 # Every kind of summary.json's a2a_bytes_per_sample (training/embedding_traffic.py), then the sum.
-KINDS = ("input", "output", "gradient", "push", "replica", "control", "dense", "data_parallel", "total")
+KINDS = ("input", "output", "gradient", "push", "replica", "control", "tracking", "dense", "data_parallel", "total")
 HEADER = ["run", "served fraction", *(f"{k} B/sample" for k in KINDS), "total vs first run",
           "off-rank B/sample (program)", "wire B/sample (training)", "wire / program", "comms on the wire",
           "replica rows", "rows updated/step"]  # fmt: skip

@@ -93,6 +93,7 @@ class SlipstreamController:
         self.timed_from = 0  # the first step the lever may time (``bind``)
         self.schedule = Schedule.from_config(cfg, self.lever.window if self.lever.auto else 0, SETTLE_STEPS)
         self.threshold = StaleThreshold(cfg, index, rows, self.is_rank0)
+        self.tracker.meter = self.threshold.meter = self.count_tracking  # their gathers' bytes
         self.quality = QualityCheck(cfg, index, rows, self.is_rank0) if cfg.quality_check else NoQuality(cfg)
         self.decider = (
             SkipDecider.from_config(
@@ -166,12 +167,18 @@ class SlipstreamController:
         done = self.streams_done.dropped_at_end
         return lockstep(self.stream, on_drop=done, every=lockstep_every, plan=self.plan, on_agree=self.count_control)
 
-    def count_control(self, nbytes: int) -> None:
-        """``nbytes`` more on the byte meter's ``control`` (the lock-step's and the lever's
-        agreements): kept beside the shards' own meters (the first sharded module's
-        ``a2a_bytes``), which checkpoints carry (training/embedding_traffic.py)."""
+    def count_control(self, nbytes: int, kind: str = "control") -> None:
+        """``nbytes`` more on the byte meter's ``kind``: ``control`` (the lock-step's and the
+        lever's agreements) or ``tracking`` (``count_tracking``); kept beside the shards' own
+        meters (the first sharded module's ``a2a_bytes``), which checkpoints carry
+        (training/embedding_traffic.py)."""
         for meter in [m.a2a_bytes for m in self.modules[:1]]:
-            meter["control"] = meter.get("control", 0) + nbytes
+            meter[kind] = meter.get(kind, 0) + nbytes
+
+    def count_tracking(self, nbytes: int) -> None:
+        """``nbytes`` more on ``tracking``: the gathers that choose the hot set, agree on the
+        snapshots' changes and choose T."""
+        self.count_control(nbytes, "tracking")
 
     # ---- on_backward: before the optimizer step (collective on sync steps) -------------------
     def on_backward(self, task: Any) -> None:

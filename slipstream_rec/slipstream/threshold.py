@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -48,6 +48,9 @@ class StaleThreshold:
         self.info: Dict[str, Any] = {}
         # reactivate=false: the sorted flat keys of the rows found stale once (stale for good).
         self.frozen_keys = torch.zeros(0, dtype=torch.int64)
+        # where this rank's bytes given to the gather of sampled values go (the controller's
+        # byte meter, kind ``tracking``)
+        self.meter: Callable[[int], None] = lambda nbytes: None
 
     def active(self, step: int) -> Optional[float]:
         """T as the data side applies it: none before ``warmup_steps``."""
@@ -88,7 +91,7 @@ class StaleThreshold:
                 slice_rows(sample, 0, min(sample.batch_size, cfg.threshold_sample_size)).sparse_features,
                 self.index, self.row_state,
             )  # fmt: skip
-        values = gather_varlen(values.float())  # all ranks
+        values = gather_varlen(values.float(), meter=self.meter)  # all ranks
         t_max, _ = threshold_for_target(values, cfg.target_skip_fraction, cfg.max_threshold)
         decision = quality.check(sample, t_max, step)  # all ranks, with the quality check
         threshold, info = threshold_for_target(values, quality.target, cfg.max_threshold)

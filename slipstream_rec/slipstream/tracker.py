@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from slipstream_rec.slipstream.config import SlipstreamConfig
 from slipstream_rec.slipstream.counting import LookupCounter
+from slipstream_rec.slipstream.peer_rows import PeerUnits
 from slipstream_rec.slipstream.rows import RowIndex, RowState
 from slipstream_rec.sharding.sharded import ShardUnit, SlipstreamShardedEBC, flush_caches
 from slipstream_rec.distributed import all_reduce_, gather_varlen
@@ -73,6 +74,12 @@ class StalenessTracker:
         self.peak_bytes = 0  # largest state_bytes() seen, transient copies and gathers included
         self.selection: Optional[Dict[str, Any]] = None  # the latest choice of the hot set
         self.turnover: List[Dict[str, int]] = []  # one entry per later choice of the hot set
+        # The gathers below carry flat keys as int32 where every table's rows fit (half int64's
+        # bytes), and give what this rank sent to ``meter`` (the controller's byte meter, kind
+        # ``tracking``: with snapshots every 20 steps they are 20 bytes per trained sample).
+        self.key_dtype = torch.int32 if index.num_rows <= torch.iinfo(torch.int32).max else torch.int64
+        self.meter: Callable[[int], None] = lambda nbytes: None
+        self.peers: Optional[PeerUnits] = None  # every rank's units, gathered at the first measure
 
     @classmethod
     def from_config(
@@ -120,6 +127,19 @@ class StalenessTracker:
         if _is_rank0():
             logger.info("slipstream: %s", what)
 
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        """All ranks: ``t`` gathered from every rank (``gather_varlen``), its bytes metered."""
+        return gather_varlen(t, meter=self.meter)
+
+    def _gather_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """All ranks: flat keys gathered as ``key_dtype``, returned as int64."""
+        return self._gather(keys.to(self.key_dtype)).to(torch.int64)
+
+    def _gather_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """All ranks: lookup counts gathered as int32 (a row counted over 2^31 times in one window
+        saturates there: it ties with any other such row, and ties are broken by key)."""
+        return self._gather(counts.clamp_max(torch.iinfo(torch.int32).max).to(torch.int32)).to(torch.int64)
+
     def _global_keys(self, unit: ShardUnit, local_rows: torch.Tensor) -> torch.Tensor:
         rows = local_rows.to(torch.int64).cpu() + unit.row_offset
         return self.index.to_flat(self._feature_idx[unit.feature], rows)
@@ -145,8 +165,8 @@ class StalenessTracker:
             # extra lookups; sum both over ranks. Every rank holds the same replicated units
             # (possibly none), and enters the two gathers (keys, counts) either way.
             rows = [u.sparse_counts() for u in replicated]
-            keys = gather_varlen(torch.cat([*(self._global_keys(u, r) for u, (r, _) in zip(replicated, rows)), extra_keys]))
-            counts = gather_varlen(torch.cat([*(c.cpu() for _, c in rows), extra_counts]))
+            keys = self._gather_keys(torch.cat([*(self._global_keys(u, r) for u, (r, _) in zip(replicated, rows)), extra_keys]))
+            counts = self._gather_counts(torch.cat([*(c.cpu() for _, c in rows), extra_counts]))
             for unit in replicated:
                 unit.clear_counts()  # replaced by the sums over ranks
         else:
@@ -164,7 +184,7 @@ class StalenessTracker:
         # Each unit offers its rows with at least min_count lookups, in the global order, at most
         # floor(budget / row_bytes) + 1 of them: those alone exceed the budget, so a row a unit
         # does not offer comes after the cut and the decision over the offers is exact.
-        keys, counts, sizes = [], [], []
+        keys, counts, spans = [], [], []
         for unit in self.units:
             counted_rows, counted = (t.cpu() for t in unit.sparse_counts())
             enough = counted >= int(min_count)
@@ -176,12 +196,15 @@ class StalenessTracker:
                 rows, c = rows[order], c[order]
             keys.append(self._global_keys(unit, rows))
             counts.append(c)
-            sizes.append(torch.full((rows.numel(),), unit.row_bytes, dtype=torch.int64))
+            spans.append(torch.tensor([rows.numel(), unit.row_bytes], dtype=torch.int64))
         empty = torch.zeros(0, dtype=torch.int64)
-        # All ranks: three gathers of the offers (keys, counts, bytes), the same lengths.
-        all_keys = gather_varlen(torch.cat(keys) if keys else empty)
-        all_counts = gather_varlen(torch.cat(counts) if counts else empty)
-        all_bytes = gather_varlen(torch.cat(sizes) if sizes else empty)
+        # All ranks: three gathers of the offers (keys, counts, the same lengths) and of each
+        # unit's (offers, row bytes), which every rank expands to a row's bytes in the same order.
+        all_keys = self._gather_keys(torch.cat(keys) if keys else empty)
+        all_counts = self._gather_counts(torch.cat(counts) if counts else empty)
+        all_spans = self._gather(torch.cat(spans) if spans else empty).view(-1, 2)
+        all_bytes = torch.repeat_interleave(all_spans[:, 1], all_spans[:, 0])
+        assert all_bytes.numel() == all_keys.numel(), "every offered row has its unit's row bytes"
 
         self._note_peak(sum(t.numel() * t.element_size() for t in (all_keys, all_counts, all_bytes)))
         # From here on every rank computes the same thing from the same gathered offers.
@@ -250,12 +273,13 @@ class StalenessTracker:
 
         Memory: one stored copy per hot row, plus the new copy while comparing (2x at most).
         """
-        rows, part_a, part_b, measured_units = [], [], [], []  # where the shards are
+        part_a, part_b, measured_rows = [], [], []  # where the shards are
         measured = False
         # fused_uvm_caching: the weights views are the host copy; write the GPU cache back first.
         flush_caches(self.units)
         for unit in self.units:
             if unit.hot_rows is None or unit.hot_rows.numel() == 0:
+                measured_rows.append(0)
                 continue
             current = unit.weights.index_select(0, unit.hot_rows).float()
             # Peak: the previous snapshot and the new copy are both held here.
@@ -268,34 +292,46 @@ class StalenessTracker:
                 else:  # rel_l2: sums of squares, added over column shards before the ratio
                     a = diff.pow(2).sum(dim=1)
                     b = unit.snapshot.pow(2).sum(dim=1)
-                measured_units.append(unit)
-                rows.append(unit.hot_rows.to(torch.int64))
+                measured_rows.append(unit.hot_rows.numel())
                 part_a.append(a)
                 part_b.append(b)
                 measured = True
+            else:
+                measured_rows.append(0)
             unit.snapshot = current  # index_select made a copy
         self.snapshots_taken += 1
 
-        # To the host once for all units (each copy waits for the device): rows, then changes.
-        keys = []
+        # To the host once for all units (the copy waits for the device).
         if measured:
-            host_rows = torch.cat(rows).cpu().split([r.numel() for r in rows])
-            keys = [self._global_keys(u, r) for u, r in zip(measured_units, host_rows)]
             part_a, part_b = [torch.cat(part_a).cpu()], [torch.cat(part_b).cpu()]
         # All ranks: even a rank without hot rows joins the gathers (empty tensors).
         any_measured = all_reduce_(torch.tensor([1.0 if measured else 0.0]), dist.ReduceOp.MAX)
+        self.meter(any_measured.element_size())
         if any_measured.item() == 0:
             return False
-        all_keys = gather_varlen(torch.cat(keys) if keys else torch.zeros(0, dtype=torch.int64))
-        all_a = gather_varlen(torch.cat(part_a) if part_a else torch.zeros(0))
-        all_b = gather_varlen(torch.cat(part_b) if part_b else torch.zeros(0))
-        self._note_peak(sum(t.numel() * t.element_size() for t in (all_keys, all_a, all_b)))
+        if self.peers is None:  # every rank's units, once (peer_rows.py)
+            spans = [[self._first_key(u), u.rows] for u in self.units]
+            self.peers = PeerUnits.gather(torch.tensor(spans, dtype=torch.int64).view(-1, 2), self.meter)
+        # the keys are not sent: every rank works them out from the units' measured row counts
+        assert len(measured_rows) == len(self.units), "a count for every unit"
+        units = [int(s.shape[0]) for s in self.peers.spans]  # every rank's, so no size is exchanged
+        all_rows = gather_varlen(torch.tensor(measured_rows, dtype=torch.int32), lengths=units, meter=self.meter)
+        all_keys = self.peers.keys(self.hot_keys, all_rows)
+        lengths = [int(part.sum()) for part in all_rows.split(units)]  # every rank's changes
+        all_a = gather_varlen(torch.cat(part_a) if part_a else torch.zeros(0), lengths=lengths, meter=self.meter)
+        # linf's second part is zeros: not sent (every rank takes the same branch: the config's)
+        all_b = (
+            gather_varlen(torch.cat(part_b) if part_b else torch.zeros(0), lengths=lengths, meter=self.meter)
+            if self.change_metric != "linf" else None
+        )  # fmt: skip
+        self._note_peak(sum(t.numel() * t.element_size() for t in (all_keys, all_a, all_b) if t is not None))
         unique, inverse = torch.unique(all_keys, return_inverse=True)
         if self.change_metric == "linf":
             # A row's change is its largest element change over all its column shards (replicas
             # of data-parallel rows report the same value).
             change = torch.zeros(unique.numel()).scatter_reduce_(0, inverse, all_a, "amax", include_self=False)
         else:
+            assert all_b is not None, "rel_l2 gathers both parts"
             a = torch.zeros(unique.numel(), dtype=torch.float64).index_add_(0, inverse, all_a.double())
             b = torch.zeros(unique.numel(), dtype=torch.float64).index_add_(0, inverse, all_b.double())
             change = (a.sqrt() / b.sqrt().clamp_min(1e-12)).float()
@@ -338,6 +374,7 @@ class NoTracking:
         self.hot_keys = torch.zeros(0, dtype=torch.int64)
         self.selection: Optional[Dict[str, Any]] = None
         self.turnover: List[Dict[str, int]] = []
+        self.meter: Callable[[int], None] = lambda nbytes: None
 
     def set_counting(self, on: bool) -> None:
         pass

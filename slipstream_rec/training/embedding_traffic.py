@@ -11,6 +11,8 @@ sample, for every policy, so ``off``, ``skip`` and ``serve`` compare directly.
 - ``push``: serve's all-gathers of the served samples' row gradients (slipstream/serve/push.py).
 - ``replica``: serve's all-gathers that rebuild the replica of the stale rows (slipstream/serve/replica.py).
 - ``control``: the lock-step agreements' all-reduces (slipstream/lockstep.py).
+- ``tracking``: Slipstream's gathers that choose the hot set, agree on the snapshots' changes
+  and choose T (slipstream/tracker.py, slipstream/threshold.py).
 - ``dense``, ``data_parallel``: DDP's gradient all-reduces of the dense arch and of the
   data-parallel tables (``trainer.ddp_comm_hook``, training/comm_hooks.py).
 - ``embedding``: input + output + gradient (what ``total`` was before the other kinds were
@@ -21,10 +23,10 @@ less that share, at the rate each collective sends (``off_rank_factors``, ``spli
 what a network between the ranks carries, which the trainer's wire meter reads beside it
 (training/wire_meter.py).
 
-Not counted: the small collectives of setup, of Slipstream's tracking (hot set, threshold,
-snapshots' agreement), of the downsampling guard, of evaluation and of checkpoints.
+Not counted: the small collectives of setup, of the quality check and the downsampling guard,
+of evaluation and of checkpoints.
 
-The kinds metered outside the sharded module (push, control, dense, data_parallel) are kept in
+The kinds metered outside the sharded module (push, control, tracking, dense, data_parallel) are kept in
 the first sharded module's ``a2a_bytes`` beside its own, so a checkpoint carries them all.
 """
 
@@ -41,7 +43,7 @@ from slipstream_rec.sharding.qcomms import wire_factor
 from slipstream_rec.sharding.sharded import SPLIT_COUNTS, SlipstreamShardedEBC
 
 EMBEDDING_KINDS = ("input", "output", "gradient")
-A2A_KINDS = EMBEDDING_KINDS + ("push", "replica", "control", "dense", "data_parallel")
+A2A_KINDS = EMBEDDING_KINDS + ("push", "replica", "control", "tracking", "dense", "data_parallel")
 
 
 def _modules(model: nn.Module) -> List[SlipstreamShardedEBC]:
@@ -90,14 +92,14 @@ def off_rank_factors(world: int) -> Dict[str, float]:
     for the pooled embeddings and gradients; for the ids, the share of a rank's ids that its own
     shards hold, taken as 1/W; the row-wise shardings' reduce-scatters and all-gathers are
     ``split_factors``'); an all-reduce (a ring, gloo's and NCCL's) sends
-    2(W-1)/W of its buffer; the replica's all-gather sends a rank's slice to each of the W-1
-    others; the push counts only what it sends to other ranks already."""
+    2(W-1)/W of its buffer; the replica's and the tracking's all-gathers send a rank's slice to
+    each of the W-1 others; the push counts only what it sends to other ranks already."""
     if world <= 1:
         return {k: 0.0 for k in A2A_KINDS}
     a2a, ring = (world - 1) / world, 2 * (world - 1) / world
     return {
         "input": a2a, "output": a2a, "gradient": a2a, "push": 1.0, "replica": float(world - 1),
-        "control": ring, "dense": ring, "data_parallel": ring,
+        "control": ring, "tracking": float(world - 1), "dense": ring, "data_parallel": ring,
     }  # fmt: skip
 
 

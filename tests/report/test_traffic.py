@@ -24,8 +24,8 @@ def test_traffic_table_shows_each_runs_bytes_and_the_hot_set_turnover(tmp_path):
     _with(tmp_path / "off", a2a_bytes_per_sample={"input": 176.0, "output": 1408.0, "gradient": 704.0, "total": 2288.0},
           served_fraction=0.0, rows_updated_per_step=14000.0, replica=None)
     _with(tmp_path / "serve", a2a_bytes_per_sample={"input": 96.0, "output": 770.0, "gradient": 400.0, "push": 30.0,
-                                                    "replica": 23.5, "control": 0.5, "dense": 100.0,
-                                                    "data_parallel": 0.0, "embedding": 1266.0, "total": 1420.0},
+                                                    "replica": 23.5, "control": 0.5, "tracking": 12.0, "dense": 100.0,
+                                                    "data_parallel": 0.0, "embedding": 1266.0, "total": 1432.0},
           qcomms={"forward_on_wire": "fp16", "backward_on_wire": "fp16"}, ddp_comm_hook={"hook": "bf16"},
           served_fraction=0.5, rows_updated_per_step=10000.0, replica={"rows": 70000, "sync_bytes_per_sample": 23.5},
           off_rank_bytes_per_sample={"total": 760.0}, wire={"bytes_per_sample": 775.2, "wire_over_program": 1.02},
@@ -38,10 +38,10 @@ def test_traffic_table_shows_each_runs_bytes_and_the_hot_set_turnover(tmp_path):
     cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", table.split("</table>")[0])]
     # off: an older summary (no push ... data_parallel, no comms); serve: every kind
     # (off has no off-rank count and no wire: n/a; serve's wire was read beside its program's count)
-    assert cells[:19] == ["off", "0.000", "176.0", "1408.0", "704.0", "n/a", "n/a", "n/a", "n/a", "n/a", "2288.0",
-                          "1.000", "n/a", "n/a", "n/a", "n/a", "n/a", "14000.0", "serve"]
-    assert cells[19:36] == ["0.500", "96.0", "770.0", "400.0", "30.0", "23.5", "0.5", "100.0", "0.0", "1420.0",
-                            f"{1420 / 2288:.3f}", "760.0", "775.2", "1.020", "embeddings fp16/fp16, DDP hook bf16",
+    assert cells[:20] == ["off", "0.000", "176.0", "1408.0", "704.0", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a",
+                          "2288.0", "1.000", "n/a", "n/a", "n/a", "n/a", "n/a", "14000.0", "serve"]
+    assert cells[20:38] == ["0.500", "96.0", "770.0", "400.0", "30.0", "23.5", "0.5", "12.0", "100.0", "0.0", "1432.0",
+                            f"{1432 / 2288:.3f}", "760.0", "775.2", "1.020", "embeddings fp16/fp16, DDP hook bf16",
                             "70,000", "10000.0"]
     turnover = out["html"][out["html"].index('id="turnover-table"'):].split("</table>")[0]
     assert [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", turnover)] == [

@@ -169,11 +169,13 @@ def test_serve_trains_every_sample_and_sends_fewer_embedding_bytes(runs):
         part = rw[f"{kind}/row_wise"] + rw[f"{kind}/table_row_wise"]
         assert 0 <= part <= mine[kind] + 0.002, kind
         assert off_rank[kind] == pytest.approx((mine[kind] - part) / 2 + part, abs=0.004), kind
-    for kind in ("push", "replica", "dense"):
+    for kind in ("push", "replica", "tracking", "dense"):
         assert off_rank[kind] == pytest.approx(mine[kind], abs=0.002), kind
     # the embedding all-to-alls plus the pushes (what "total" meant before every kind was counted)
     assert mine["embedding"] + mine["push"] < base["embedding"]
     # the replica's rebuilds are counted too, and in the total; off has neither
     assert mine["replica"] > 0 and mine["push"] > 0 and base["replica"] == base["push"] == 0
+    # and the tracking's gathers (the hot set, the snapshots' changes, T); off tracks nothing
+    assert mine["tracking"] > 0 and base["tracking"] == 0
     assert mine["total"] == pytest.approx(sum(v for k, v in mine.items() if k not in ("embedding", "total")), abs=0.01)
     assert abs(s["val_auc"] - off["val_auc"]) <= AUC_TOLERANCE

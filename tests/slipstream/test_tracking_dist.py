@@ -150,6 +150,49 @@ def test_stale_set_is_exact_and_identical_on_every_rank_and_reactivates(kind):
     assert results[0] == results[1], "ranks hold different change values"
 
 
+def metered_worker(env, kind: str):
+    from slipstream_rec.slipstream.rows import RowIndex, RowState
+    from slipstream_rec.slipstream.tracker import StalenessTracker
+
+    dmp, modules = _sharded(kind)
+    index = RowIndex(FEATURES, ROWS)
+    tracker = StalenessTracker(modules, index, RowState(index.num_rows))
+    given = []
+    tracker.meter = given.append
+    tracker.set_counting(True)
+    dmp(_slice_batch(env.rank * LOCAL_BATCH, (env.rank + 1) * LOCAL_BATCH))
+    tracker.set_counting(False)
+    replicated = sum(u.sparse_counts()[0].numel() for u in modules[0].units if u.replicated)
+    tracker.select_hot(budget_bytes=1 << 30, min_count=1)
+    chosen = list(given)
+    tracker.snapshot()
+    first = given[len(chosen):]
+    with torch.no_grad():
+        for unit in modules[0].units:
+            unit.weights[unit.hot_rows, 0] += 0.01
+    tracker.snapshot()
+    measured = given[len(chosen) + len(first):]
+    held = sum(u.hot_rows.numel() for u in modules[0].units)  # ample budget: every offered row is hot
+    return {"chosen": chosen, "first": first, "measured": measured, "replicated": replicated, "held": held,
+            "units": len(modules[0].units)}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["table_wise", "column_wise", "data_parallel"])
+def test_the_tracking_gathers_give_their_bytes_to_the_meter(kind):
+    """Each gather gives the meter its size (8 bytes, where the sizes are not known) and its
+    part padded to the longest rank's: the hot set's keys as int32 (the test's rows fit), counts
+    as int32, a unit's (offers, row bytes) as two int64; a snapshot's flag (4 bytes), then every
+    rank's units once (first key, rows: two int64 a unit), each unit's measured rows (an int32)
+    and one float a row, no key (linf sends no second part)."""
+    r = run_workers(metered_worker, WORLD, kind=kind)
+    dp, held, units = (max(x[k] for x in r) for k in ("replicated", "held", "units"))
+    assert held > 0 and (dp > 0) == (kind == "data_parallel")
+    for x in r:
+        assert x["chosen"] == [8 + 4 * dp, 8 + 4 * dp, 8 + 4 * held, 8 + 4 * held, 8 + 16 * units]
+        assert x["first"] == [4]  # nothing to compare with: the flag alone
+        assert x["measured"] == [4, 8 + 16 * units, 4 * units, 4 * held]
+
+
 def lockstep_worker(env):
     from slipstream_rec.data.types import Batch, make_kjt
     from slipstream_rec.slipstream.controller import lockstep
