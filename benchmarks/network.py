@@ -311,8 +311,8 @@ def print_table(summary: Dict[str, Any], pair_with: str) -> None:
           "a rank sends itself, training collectives only; off-rank B/sample: the same less each rank's share to "
           "itself (summary.json off_rank_bytes_per_sample: a 2-rank all-to-all keeps half, gloo's ring all-reduce "
           "sends 2(W-1)/W of its buffer); wire-dense: the wire less the off-rank dense and data-parallel "
-          "all-reduces, the embedding side on the wire. The wire also carries evaluation, setup, Slipstream's "
-          "tracking and TCP/IP headers. train wire: the trainer's own reading of each node's counter over its "
+          "all-reduces, the embedding side on the wire. The wire also carries evaluation, setup and TCP/IP "
+          "headers. train wire: the trainer's own reading of each node's counter over its "
           "training steps (summary.json wire: evaluations, checkpoints and setup left out), /program: its "
           "ratio to the off-rank count, t.w.-dense: it less the dense estimate")
 

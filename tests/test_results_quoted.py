@@ -1018,6 +1018,9 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (48e7686, dim 16, defaults first) | link |", ["network_lockstep_unshaped_dim16_reversed"]),
     ("| seed (48e7686, dim 128, `off` first) | link |", ["network_lockstep_unshaped_dim128"]),
     ("| seed (48e7686, dim 128, defaults first) | link |", ["network_lockstep_unshaped_dim128_reversed"]),
+    ("| seed (4aaab99, dim 16 over 200mbit) | link |", ["network_serve50_3seeds_dim16_200mbit"]),
+    ("| seed (4aaab99, dim 128 over 1gbit) | link |", ["network_serve50_3seeds_dim128_1gbit"]),
+    ("| seed (4aaab99, dim 16, unshaped) | link |", ["network_serve50_unshaped_dim16"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
@@ -1065,3 +1068,39 @@ def test_the_preset_before_the_sync_changes_trains_the_same_on_the_same_machine(
     assert (f"trained seed 0 in {old['train_seconds']:.1f} s with the same test AUC to the digit (Slipstream "
             f"{old['time_breakdown_rank0']['slipstream']:.1f} s): {new['off']['train_seconds'] / old['train_seconds']:.2f}x "
             f"against `off`'s {new['off']['train_seconds']:.1f} s") in text
+
+
+def test_the_serving_start_table_quotes_its_local_runs():
+    """The local runs that chose the preset's start (docs/results/serve.md): each row's
+    overrides, embedding side (the program's off-rank count, tracking where counted), served
+    share, hot rows and test AUC as serve_start_local.json holds them."""
+    doc = json.loads((RESULTS / "serve_start_local.json").read_text())
+    assert "serve_start_local.json" in doc["command"]
+    rows = _rows("docs/results/serve.md", "| run (`clicklog`, one local run each, seed 0, 2 ranks) |")
+    assert [r[0] for r in rows] == [run["run"] for run in doc["runs"]]
+    kinds = ("input", "output", "gradient", "push", "replica", "control", "tracking")
+    for cells, run in zip(rows, doc["runs"]):
+        counted = run["off_rank_bytes_per_sample"]
+        assert cells[1] == f"`{run['overrides']}`"
+        _check(cells[2], [sum(counted.get(k, 0.0) for k in kinds)])
+        if "tracking" in counted:
+            _check(cells[3], [counted["tracking"]])
+        else:
+            assert cells[3] == "not counted", cells
+        _check(cells[4] + " " + cells[5].replace(",", "") + " " + cells[6],
+               [run["served_fraction"], run["hot_rows"], run["test_auc"]])
+
+
+def test_the_serving_start_side_by_side_quotes_its_run():
+    """The preset's start before against 4aaab99's, one seed over 200mbit (docs/results/serve.md)."""
+    doc = json.loads((RESULTS / "network_serve50_vs_before_dim16_200mbit.json").read_text())
+    assert "network_serve50_vs_before_dim16_200mbit.json" in doc["command"]
+    runs = {r["job"]: r for r in doc["runs"]}
+    before, now = runs["before"], runs["defaults"]
+    assert before["samples_trained"] == now["samples_trained"] and before["rate"] == now["rate"] == "200mbit"
+    text = " ".join((ROOT / "docs/results/serve.md").read_text().split())
+    spent = [r["time_breakdown_rank0"]["slipstream"] for r in (before, now)]
+    assert (f"{before['train_seconds']:.1f} s against {now['train_seconds']:.1f} s, "
+            f"{_embedding_on_wire(before):.0f} against {_embedding_on_wire(now):.0f} bytes a sample of embedding side "
+            f"on the wire, Slipstream's own work {spent[0]:.1f} s against {spent[1]:.1f} s, test AUC "
+            f"{before['test_auc']:.5f} against {now['test_auc']:.5f}") in text
