@@ -134,7 +134,8 @@ class SlipstreamConfig:
     # it is; where it is not, stand down (nothing served, counted or snapshotted) and look again
     # after serve_recheck_windows windows.
     serve_when: ServeWhen = ServeWhen.always
-    # auto: steps per timed window (rounded up to a multiple of snapshot_interval).
+    # auto: steps per timed window (rounded up to a multiple of snapshot_interval); the first
+    # window, timed without serving, is the wait from count_steps to the second snapshot.
     serve_window_steps: int = 50
     # auto: serving stays on only where a step with it takes at most (1 - this) of a step
     # without it (without: less the tracking, which standing down removes too).
