@@ -32,9 +32,9 @@ class PeerUnits:
         return cls([part.view(-1, 2) for part in flat.split(lengths)])
 
     @property
-    def units(self) -> int:
-        """Units over all ranks (the length of a gather of one value a unit)."""
-        return sum(int(s.shape[0]) for s in self.spans)
+    def units_per_rank(self) -> List[int]:
+        """Each rank's unit count (the lengths of a gather of one value a unit)."""
+        return [int(s.shape[0]) for s in self.spans]
 
     def keys(self, hot_keys: torch.Tensor, rows_per_unit: torch.Tensor) -> torch.Tensor:
         """The flat keys of the rows every rank measured, in the order their changes were
@@ -42,7 +42,7 @@ class PeerUnits:
         set (sorted, the same on every rank); ``rows_per_unit``: every rank's units' measured
         row counts, gathered (0: a unit not measured)."""
         counts = rows_per_unit.tolist()
-        assert len(counts) == self.units, "one count per unit of every rank"
+        assert len(counts) == sum(self.units_per_rank), "one count per unit of every rank"
         spans = torch.cat(self.spans) if self.spans else torch.zeros(0, 2, dtype=torch.int64)
         bounds = torch.searchsorted(hot_keys, torch.stack([spans[:, 0], spans[:, 0] + spans[:, 1]], 1))
         out = []
