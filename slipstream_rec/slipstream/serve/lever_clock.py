@@ -125,7 +125,7 @@ def _switch(ctl: "SlipstreamController", before: LeverState, after: LeverState, 
         # the hot rows' changes and the next measures them over one interval.
         ctl.tracker.snapshot()
     elif after.serves and not before.serves:
-        ctl.server.rebuild(ctl.threshold.stale_now(step), step)  # the rows that moved meanwhile
+        ctl.server.rebuild(ctl.threshold.stale_now(step), step, resumed=True)  # every row may have moved
     ctl.tracker.set_counting(lever.tracks and sched.counts(step + 1))
     if ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
         logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])

@@ -50,6 +50,19 @@ __all__ = ["StaleReplica"]
 DENSE_MAP_ROWS = 1 << 23
 
 
+def _positions(keys: torch.Tensor, wanted: torch.Tensor) -> Any:
+    """(positions, found): where each of the sorted ``wanted`` keys is in the sorted ``keys``."""
+    if not keys.numel():
+        return torch.zeros(wanted.shape, dtype=torch.int64), torch.zeros(wanted.shape, dtype=torch.bool)
+    at = torch.searchsorted(keys, wanted).clamp_(max=keys.numel() - 1)
+    return at, keys.index_select(0, at) == wanted
+
+
+def _columns(values: torch.Tensor, col: int, width: int) -> torch.Tensor:
+    """The columns [col, col + width) of ``values``, a view written through in place."""
+    return values if (col, width) == (0, values.shape[1]) else values[:, col : col + width]
+
+
 class StaleReplica:
     """The stale rows as one local (rows, D) table: sorted flat ``keys`` and their ``values``."""
 
@@ -80,6 +93,7 @@ class StaleReplica:
         self.sync_bytes = 0  # bytes this rank gave to the rebuild gathers, all rebuilds
         self.rows_sent = 0  # row slices this rank sent to them
         self.joined = 0  # rows that entered at the last rebuild
+        self.joined_keys = torch.zeros(0, dtype=torch.int64)  # their sorted flat keys
         self.left = 0  # rows that left at the last rebuild (re-activated or no longer hot)
 
     @property
@@ -101,27 +115,29 @@ class StaleReplica:
     @torch.no_grad()
     def rebuild(
         self, units: List[ShardUnit], keys: torch.Tensor, feature_idx: Dict[str, int], bound: float = -1.0,
-        moved: Optional[torch.Tensor] = None,
+        suspects: Optional[torch.Tensor] = None,
     ) -> None:
         """Make the replica the rows ``keys`` (sorted flat keys, identical on every rank), from
-        the shards, sending only what changed: a row the replica already holds is sent again
-        only where the shard's values differ from the held copy by more than ``bound`` (the
-        largest absolute difference over the columns a shard holds; under bf16 and int8 by
-        more than ``bound`` plus 2^-8 of the shard's value, in any element); a row that joins
-        is sent whole. ``bound`` < 0 sends every row. Under fp32 a sent row's values replace
-        the copy; under bf16 and int8 what is sent is the shard minus the copy (``wire_rows``),
-        which every rank adds to its copy (a joining row's copy is zeros), so the copy stays
-        within the wire's rounding of its last difference from the shard.
+        the shards, sending only what changed: a row that joins is sent whole; a row the replica
+        already holds is sent again only where the shard's values differ from the held copy by
+        more than ``bound`` (the largest absolute difference over the columns a shard holds;
+        under bf16 and int8 by more than ``bound`` plus 2^-8 of the shard's value, in any
+        element). ``bound`` < 0 sends every row. Under fp32 a sent row's values replace the
+        copy; under bf16 and int8 what is sent is the shard minus the copy (``wire_rows``), which
+        every rank adds to its copy (a joining row's copy is zeros), so the copy stays within the
+        wire's rounding of its last difference from the shard.
 
+        ``suspects`` (sorted flat keys; None: every held row) are the held rows that may have
+        moved on their shards since the last comparison: the caller knows them (``StaleServer``).
         Under per-lookup serving a replica row changes on its shard only through the pushes
         (every lookup of it is served), so between two syncs only the rows pushed move, and a
-        sync with ``bound`` 0 sends exactly those: the replica equals the shards after it.
-        ``moved`` (sorted flat keys; ``keys`` must then be the replica's own keys) is where the
-        caller knows it: the rows pushed to this rank's shards since the last sync. Only those
-        rows of non-replicated shards are read and compared (the copy updated in place), not
-        every row; data-parallel rows are compared whole (local, and a dense optimizer may move
-        a row with no gradient). What it leaves out is the rounding left by a bf16 difference
-        sent before, which a full comparison would send again where it exceeds the resolution.
+        comparison of those alone, with ``bound`` 0, sends exactly the rows that moved: the
+        replica equals the shards after it (fp32). Held rows outside ``suspects`` are neither
+        read nor compared; data-parallel rows are always compared whole (local, and a dense
+        optimizer may move a row with no gradient). What this leaves out is the rounding a bf16
+        or int8 difference left behind, which a comparison of every row would send again where
+        it exceeds the resolution; it stays in the copy until the row moves again (and the next
+        difference, taken from the copy, carries it).
 
         Collective: ALL ranks enter (per shard slice sent, a (column, width, rows) descriptor
         and the rows' positions in ``keys`` (int32) through the host group, then their values
@@ -132,33 +148,35 @@ class StaleReplica:
         keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1).cpu()
         n, dim = keys.numel(), self.dim
         flush_caches(units)  # fused_uvm_caching: the newest values may sit in the GPU cache
-        if moved is not None:  # the same rows: the copy is updated in place
-            assert torch.equal(keys, self.keys), "a sync of the moved rows keeps the replica's rows"
-            held = torch.ones(n, dtype=torch.bool)
+        pos, held = self.locate(keys)
+        same = torch.equal(keys, self.keys)
+        if same:  # the same rows: the copy is updated in place
             values = self.values.cpu()
-            pos, found = self.locate(moved)
-            suspects = pos[found]  # sorted positions: ``moved`` is sorted
-        else:
-            # The rows held now, at their new positions (held[i]: keys[i] was in the replica).
-            pos, held = self.locate(keys)
+        else:  # the rows held now, at their new positions (held[i]: keys[i] was in the replica)
             values = torch.zeros(n, dim, dtype=torch.float32)
             values[held] = self.values.cpu().index_select(0, pos[held])
+        # the positions read from non-replicated shards: every row, or the rows that joined and
+        # the suspects held
+        read: Optional[torch.Tensor] = None
+        if suspects is not None:
+            mask = ~held
+            at, found = _positions(keys, suspects)
+            mask[at[found]] = True
+            read = mask.nonzero().view(-1)
         filled = torch.zeros(n, dtype=torch.int64)  # columns received per row that joined
         firsts, cuts = unit_cuts(units, keys, self.index, feature_idx)
+        # each unit's positions read: one search and one read for all units
+        edges = torch.searchsorted(read, torch.tensor(cuts, dtype=torch.int64).view(-1)).view(-1, 2).tolist() \
+            if read is not None and cuts else [None] * len(cuts)  # fmt: skip
         current: List[torch.Tensor] = []  # the shards' rows read, to the host in one copy
-        spans: List[Any] = []  # (positions read: a slice or sorted positions, column, width, replicated)
-        # each unit's moved rows: one search and one read for all units
-        edges = torch.searchsorted(suspects, torch.tensor(cuts, dtype=torch.int64).view(-1)).view(-1, 2).tolist() \
-            if moved is not None and cuts else [None] * len(cuts)  # fmt: skip
+        spans: List[Any] = []  # (positions read, column, width, replicated)
         for unit, first, (lo, hi), edge in zip(units, firsts, cuts, edges):
             if hi <= lo:
                 continue
-            at: Any = slice(lo, hi)
-            if moved is not None and not unit.replicated:
-                at = suspects[edge[0] : edge[1]]
-                if not at.numel():
-                    continue
-            local = (keys[at] - first).to(unit.weights.device)
+            at = torch.arange(lo, hi) if read is None or unit.replicated else read[edge[0] : edge[1]]
+            if not at.numel():
+                continue
+            local = (keys.index_select(0, at) - first).to(unit.weights.device)
             current.append(unit.weights.index_select(0, local).float().reshape(-1))
             spans.append((at, unit.col_offset, unit.cols, unit.replicated))
         home = units[0].weights.device if units else torch.device("cpu")  # where the shards are
@@ -168,28 +186,28 @@ class StaleReplica:
         send: List[torch.Tensor] = []
         offset = 0
         for at, col, width, replicated in spans:
-            count = (at.stop - at.start) if isinstance(at, slice) else at.numel()
+            count = at.numel()
             rows = flat_rows[offset : offset + count * width].view(count, width)
             offset += count * width
-            moved_rows = ~held[at]
-            copy = values[at, col : col + width]  # a view for a slice
+            columns = _columns(values, col, width)
+            diff = rows - columns.index_select(0, at)  # a joining row's copy is zeros: its values
             if bound >= 0:
                 resolution = 0.0 if replicated else self.resolution  # copied here: exact
-                moved_rows |= ((rows - copy).abs() > bound + resolution * rows.abs()).any(1)
+                moved_rows = ~held.index_select(0, at)
+                moved_rows |= (diff.abs() > bound + resolution * rows.abs()).any(1)
+                idx = moved_rows.nonzero().view(-1)
             else:
-                moved_rows[:] = True
-            idx = moved_rows.nonzero().view(-1)
-            hit = (at.start + idx) if isinstance(at, slice) else at.index_select(0, idx)
+                idx = torch.arange(count)
+            hit = at.index_select(0, idx)
             if replicated:  # every rank holds these weights: copied here, never sent
-                values[hit, col : col + width] = rows.index_select(0, idx)
-                filled[hit] += width
+                columns.index_copy_(0, hit, rows.index_select(0, idx))
+                filled.index_add_(0, hit, torch.full_like(hit, width))
                 continue
             if idx.numel():
                 descriptors += [col, width, int(idx.numel())]
                 positions.append(hit)
-                out = rows.index_select(0, idx)
-                diff = out if self.resolution == 0 else out - copy.index_select(0, idx)
-                send.append(encode_rows(diff, self.wire_dtype))
+                out = rows if self.resolution == 0 else diff
+                send.append(encode_rows(out.index_select(0, idx), self.wire_dtype))
         mine = torch.tensor(descriptors, dtype=torch.int64)
         # positions in ``keys`` travel as int32 (a replica holds fewer than 2^31 rows): half
         # their bytes (at dim 16 in bf16 a row's 4 + 32 bytes instead of 8 + 32)
@@ -213,16 +231,19 @@ class StaleReplica:
             idx = all_where[at_pos : at_pos + count]
             size = count * row_width(wire, width)
             got = decode_rows(received[at_val : at_val + size], width, wire)
+            columns = _columns(values, col, width)
             if self.resolution == 0:
-                values[idx, col : col + width] = got
+                columns.index_copy_(0, idx, got)
             else:  # differences from the copy this rank holds too
-                values[idx, col : col + width] += got
-            filled[idx] += width
+                columns.index_add_(0, idx, got)
+            filled.index_add_(0, idx, torch.full_like(idx, width))
             at_pos, at_val = at_pos + count, at_val + size
         assert bool((filled[~held] == dim).all()), "every row that joined assembled from all of its columns"
-        self.joined = int((~held).sum())
+        self.joined_keys = keys[~held]
+        self.joined = int(self.joined_keys.numel())
         self.left = int(self.keys.numel() - held.sum())  # held before, less those that stayed
-        self._set_keys(keys.clone())
+        if not same:
+            self._set_keys(keys.clone())
         self.values = values.to(self.device)
         self.rebuilds += 1
 

@@ -78,11 +78,14 @@ class StaleServer:
         # current rows, a replica row moves only by the pushes (its every lookup is served), so a
         # sync reads only the rows pushed since the last one. A batch split before the last
         # rebuild still looks its rows that joined (and, split while serving paused, any row) up
-        # through the shards: until a full comparison has followed the rebuild by the batches
-        # split ahead of training (``batches_ahead``, set by the controller), syncs compare all.
-        self.batches_ahead = 1 << 30  # until told: every sync compares all
+        # through the shards: until a comparison of those has followed the rebuild by the
+        # batches split ahead of training (``batches_ahead``, set by the controller), syncs and
+        # rebuilds read them too.
+        self.batches_ahead = 1 << 30  # until told: every sync reads them
         self._rebuilt_at = 0  # the step of the last rebuild
-        self._compared_at = 0  # the step of the last sync that compared every row
+        self._compared_at = 0  # the step of the last comparison of the rows it left unsettled
+        self._joined = torch.zeros(0, dtype=torch.int64)  # the rows that joined at it (sorted keys)
+        self._all_unsettled = False  # serving resumed at it: every row unsettled
         self._pushed: List[torch.Tensor] = []  # the rows each push since the last sync applied here
 
     @classmethod
@@ -126,26 +129,46 @@ class StaleServer:
         return merged
 
     # ---- after the snapshot and the syncs (collective) ----------------------------------------
-    def rebuild(self, stale_keys: torch.Tensor, step: int) -> None:
+    def rebuild(self, stale_keys: torch.Tensor, step: int, resumed: bool = False) -> None:
         """The replica becomes the rows ``stale_keys`` (identical on every rank) after ``step``,
-        sending only the rows that joined and the rows that moved past
-        ``slipstream.replica_sync_bound``. Collective."""
-        self.replica.rebuild(self.tracker.units, stale_keys, self.tracker.feature_index, self.sync_bound)
+        sending the rows that joined and the rows that moved past
+        ``slipstream.replica_sync_bound`` (``_suspects``: the pushed rows, and more where
+        batches trained through the shards). ``resumed``: serving resumes after a pause, whose
+        batches looked every row up through the shards: every row is compared, now and until
+        the batches split in the pause have trained. Collective."""
+        suspects = None if resumed else self._suspects()
+        self.replica.rebuild(self.tracker.units, stale_keys, self.tracker.feature_index, self.sync_bound, suspects)
         self._rebuilt_at = self._compared_at = int(step)
+        self._joined, self._all_unsettled = self.replica.joined_keys, bool(resumed)
         self._pushed = []
 
     def resync(self, step: int) -> None:
-        """The replica's rows brought up to date after a push moved them, after ``step``: every
-        row compared with its shard while a batch split before the last rebuild may have trained
-        since, else only the rows pushed since the last sync. Collective (the same choice on
-        every rank: step numbers)."""
-        full = self._compared_at - self._rebuilt_at < self.batches_ahead
-        moved = None if full else self._pushed_rows()
-        keys = self.replica.keys
-        self.replica.rebuild(self.tracker.units, keys, self.tracker.feature_index, self.sync_bound, moved=moved)
-        if full:
+        """The replica's rows brought up to date after a push moved them, after ``step``: the
+        rows pushed since the last sync, and while a batch split before the last rebuild may
+        have trained since, the rows it looked up through the shards. Collective (the same
+        choice on every rank: step numbers)."""
+        suspects = self._suspects()
+        if self._unsettled():
             self._compared_at = int(step)
+        keys = self.replica.keys
+        self.replica.rebuild(self.tracker.units, keys, self.tracker.feature_index, self.sync_bound, suspects)
         self._pushed = []
+
+    def _unsettled(self) -> bool:
+        """Whether a batch split before the last rebuild may have trained since the last
+        comparison of the rows it left unsettled. Step numbers only: the same on every rank."""
+        return self._compared_at - self._rebuilt_at < self.batches_ahead
+
+    def _suspects(self) -> Optional[torch.Tensor]:
+        """The held rows that may have moved on their shards since they were last compared
+        (sorted flat keys; None: every row): the rows pushed since the last sync, and while the
+        last rebuild is unsettled the rows that joined at it (every row after a pause)."""
+        pushed = self._pushed_rows()
+        if not self._unsettled():
+            return pushed
+        if self._all_unsettled:
+            return None
+        return torch.unique(torch.cat([pushed, self._joined]))
 
     def _pushed_rows(self) -> torch.Tensor:
         """The rows the pushes since the last sync applied to this rank's shards, sorted."""
@@ -200,6 +223,8 @@ class StaleServer:
             "push_seconds": self.push_seconds,
             "sum_seconds": self.sum_seconds,
             "compared": [self._rebuilt_at, self._compared_at],
+            "joined": self._joined.clone(),
+            "all_unsettled": self._all_unsettled,
             "pushed": self._pushed_rows(),
         }
 
@@ -211,6 +236,8 @@ class StaleServer:
         self.sum_seconds = float(state["sum_seconds"])
         # a checkpoint from before these were kept: the next sync compares every row
         self._rebuilt_at, self._compared_at = state.get("compared", [0, -(1 << 30)])
+        self._joined = state.get("joined", torch.zeros(0, dtype=torch.int64)).clone()
+        self._all_unsettled = bool(state.get("all_unsettled", "joined" not in state))
         self._pushed = [state["pushed"]] if state.get("pushed") is not None else []  # (None: older checkpoints)
 
 
@@ -232,7 +259,7 @@ class NoServe:
     def take_counts(self) -> None:
         return None
 
-    def rebuild(self, stale_keys: torch.Tensor, step: int) -> None:
+    def rebuild(self, stale_keys: torch.Tensor, step: int, resumed: bool = False) -> None:
         pass
 
     def resync(self, step: int) -> None:

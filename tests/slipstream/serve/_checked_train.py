@@ -4,7 +4,7 @@ replica sync checked against the shards it copies.
 After each sync of the replica (``StaleReplica.rebuild``), every rank reads the replica's rows
 that its own shards hold, every column, straight from the shard weights, and counts the rows
 whose copy differs from them in any element; it also counts the syncs that compared every row
-and those that compared only the rows pushed since the last one (``moved``), and the row slices
+and those that compared only the rows that may have moved (``suspects``), and the row slices
 those sent. Rank r writes the counts to ``OUT.rank<r>.json`` when the job ends. With fp32 syncs
 and ``slipstream.replica_sync_bound=0`` the copy must equal the shards after every sync.
 """
@@ -37,11 +37,11 @@ def _mismatched(replica: StaleReplica, units, feature_idx) -> int:
 
 
 def _checked(rebuild):
-    def run(self, units, keys, feature_idx, bound=-1.0, moved=None):
+    def run(self, units, keys, feature_idx, bound=-1.0, suspects=None):
         sent = self.rows_sent
-        rebuild(self, units, keys, feature_idx, bound, moved=moved)
-        COUNTS["full" if moved is None else "moved"] += 1
-        if moved is not None:
+        rebuild(self, units, keys, feature_idx, bound, suspects=suspects)
+        COUNTS["full" if suspects is None else "moved"] += 1
+        if suspects is not None:
             COUNTS["moved_rows_sent"] += self.rows_sent - sent
         COUNTS["mismatched_rows"] += _mismatched(self, units, feature_idx)
 

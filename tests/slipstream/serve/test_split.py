@@ -344,8 +344,8 @@ def test_a_sync_of_the_moved_rows_reads_only_them_and_every_data_parallel_row(co
     tables[2][3, 1] += 0.5  # c3: a data-parallel row, not said
     sent, nbytes = replica.rows_sent, replica.sync_bytes
     keys = replica.keys.clone()
-    moved = torch.tensor(sorted([b0, b5, int(index.to_flat(1, torch.tensor([8])))]))  # b8: not a replica row
-    replica.rebuild(units, keys, features, bound=0.0, moved=moved)
+    suspects = torch.tensor(sorted([b0, b5, int(index.to_flat(1, torch.tensor([8])))]))  # b8: not a replica row
+    replica.rebuild(units, keys, features, bound=0.0, suspects=suspects)
     held = {int(k): v for k, v in zip(replica.keys, replica.values)}
     assert torch.equal(held[b0], tables[1][0]) and torch.equal(held[c3], tables[2][3])
     assert held[a1][0] == tables[0][1, 0] - 0.5  # not read: left as it was
@@ -356,9 +356,23 @@ def test_a_sync_of_the_moved_rows_reads_only_them_and_every_data_parallel_row(co
     assert (replica.joined, replica.left, replica.rows) == (0, 0, keys.numel())
     # a full comparison finds a1
     replica.rebuild(units, keys, features, bound=0.0)
-    assert torch.equal(dict(zip(replica.keys.tolist(), replica.values))[a1], tables[0][1])
-    with pytest.raises(AssertionError, match="keeps the replica's rows"):
-        replica.rebuild(units, keys[1:], features, bound=0.0, moved=moved)
+    assert torch.equal(dict(zip(replica.keys.tolist(), replica.values.clone()))[a1], tables[0][1])
+    # the rows change: a row that joins (a4) is sent whole though no suspect, a row that leaves
+    # (b0) is gone, a held row that moved unsaid (a2) stays as it was, a suspect (b5) is read
+    a2, a4 = (int(index.to_flat(0, torch.tensor([r]))) for r in (2, 4))
+    a2_copy = dict(zip(replica.keys.tolist(), replica.values.clone()))[a2]
+    tables[0][2, 1] += 0.25
+    tables[1][5, 0] += 0.25
+    new_keys = torch.tensor(sorted((set(keys.tolist()) - {b0}) | {a4}))
+    sent = replica.rows_sent
+    replica.rebuild(units, new_keys, features, bound=0.0, suspects=torch.tensor([b5]))
+    held = {int(k): v for k, v in zip(replica.keys, replica.values)}
+    assert sorted(held) == new_keys.tolist() and torch.equal(replica.joined_keys, torch.tensor([a4]))
+    assert torch.equal(held[a4], tables[0][4]) and torch.equal(held[b5], tables[1][5])
+    assert torch.equal(held[a2], a2_copy) and not torch.equal(held[a2], tables[0][2])
+    # a4 whole from its one shard, b5 from the shard holding its column 0 (b's first when split)
+    assert replica.rows_sent - sent == 2
+    assert (replica.joined, replica.left) == (1, 1)
 
 
 @pytest.mark.parametrize("dense", [True, False])
