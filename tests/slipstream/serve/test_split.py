@@ -332,7 +332,7 @@ def test_a_sync_sends_only_the_rows_that_moved_past_the_bound_and_the_rows_that_
 
 
 @pytest.mark.parametrize("column_split", [False, True])
-def test_a_sync_of_the_moved_rows_reads_only_them_and_every_data_parallel_row(column_split):
+def test_a_sync_of_the_suspect_rows_reads_only_them_and_every_data_parallel_row(column_split):
     replica, tables, index = _replica(column_split)
     units = _units(tables, column_split)
     units[-1].replicated = True  # c: data-parallel (every rank holds it: compared here, never sent)
