@@ -51,11 +51,12 @@ DENSE_MAP_ROWS = 1 << 23
 
 
 def _positions(keys: torch.Tensor, wanted: torch.Tensor) -> Any:
-    """(positions, found): where each of the sorted ``wanted`` keys is in the sorted ``keys``."""
+    """(positions, found): where each of the keys ``wanted`` (any shape) is in the sorted
+    ``keys`` (meaningful where found), and whether it is there. A binary search."""
     if not keys.numel():
         return torch.zeros(wanted.shape, dtype=torch.int64), torch.zeros(wanted.shape, dtype=torch.bool)
     at = torch.searchsorted(keys, wanted).clamp_(max=keys.numel() - 1)
-    return at, keys.index_select(0, at) == wanted
+    return at, keys.index_select(0, at.view(-1)).view(wanted.shape) == wanted
 
 
 def _columns(values: torch.Tensor, col: int, width: int) -> torch.Tensor:
@@ -255,14 +256,11 @@ class StaleReplica:
     def locate(self, flat: torch.Tensor) -> Any:
         """(positions, found): each flat key's row in the replica (meaningful where found) and
         whether it is a replica row. Host."""
-        if not self.rows:
-            return torch.zeros(flat.shape, dtype=torch.int64), torch.zeros(flat.shape, dtype=torch.bool)
-        if self._where is not None:
-            at = self._where.index_select(0, flat.reshape(-1)).view(flat.shape)
-            found = at >= 0
-            return at.clamp_(min=0).to(torch.int64), found
-        pos = torch.searchsorted(self.keys, flat).clamp_(max=self.rows - 1)
-        return pos, self.keys.index_select(0, pos.view(-1)).view(flat.shape) == flat
+        if self._where is None or not self.rows:
+            return _positions(self.keys, flat)
+        at = self._where.index_select(0, flat.reshape(-1)).view(flat.shape)
+        found = at >= 0
+        return at.clamp_(min=0).to(torch.int64), found
 
     def pooled(self, flat: torch.Tensor, per_bag: torch.Tensor) -> torch.Tensor:
         """(bags, D): each bag's SUM of its replica rows; ``flat`` holds the bags' keys back to
