@@ -128,7 +128,7 @@ SLIPSTREAM_MATRIX = {
 
 TABLES = [
     QuotedTable(
-        doc="README.md",
+        doc="docs/results/policies.md",
         header="| data | policy | skip |",
         rows={
             ("`clicklog`", "`paper_plus`"): ("slipstream_clicklog.json", "paper_plus"),
