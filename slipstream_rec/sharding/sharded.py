@@ -27,6 +27,7 @@ from torchrec.distributed.embedding_types import KJTList
 from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionContext,
     ShardedEmbeddingBagCollection,
+    VariableBatchEmbeddingBagCollectionAwaitable,
 )
 from torchrec.distributed.dist_data import KJTAllToAll
 from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist
@@ -34,6 +35,7 @@ from torchrec.distributed.types import Awaitable, LazyAwaitable, NoWait, Shardin
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from slipstream_rec.sharding import vbe_cpu
+from slipstream_rec.sharding.vbe_output import GatheredVariableBatchOutput
 
 
 @dataclass
@@ -414,7 +416,12 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
             # without them (measured: row-wise then splits its output into [0, 0]). They are
             # the post-all-to-all KJTs' own, so record them from the KJTs (host lists).
             _set_sharding_context_post_a2a(list(input), ctx)
-        return super().compute_and_output_dist(ctx, input)
+        out = super().compute_and_output_dist(ctx, input)
+        if isinstance(out, VariableBatchEmbeddingBagCollectionAwaitable):
+            # FBGEMM's per-sample layout of a variable batch is the costliest part of a serving
+            # step on CPU; one gather gives the same (sharding/vbe_output.py)
+            return GatheredVariableBatchOutput.of(out)
+        return out
 
     @property
     def rows_updated(self) -> Dict[str, int]:
