@@ -6,9 +6,8 @@ variable-batch KJTs (TorchRec's VBE): feature f sends S_f bags and each sample's
 ``inverse[f, b]``. The output dists return each feature's S_f pooled rows, and TorchRec's
 ``VariableBatchEmbeddingBagCollectionAwaitable`` lays them out per sample with
 ``torch.ops.fbgemm.batch_index_select_dim0``. On CPU that op and its backward were the costliest
-part of a serving step: on 2 emulated nodes at dim 128 (cProfile of rank 0, 200 steps) 5.2 ms a
-step forward, and the backward of a serving step 20 ms longer than with every feature's whole
-batch. The same layout is one gather of rows: for features of one width, ``F.embedding`` of the
+part of a serving step: 200 steps serving always on 2 emulated nodes at dim 128 took 26.9 s
+through it and 22.7 s through the gather below (docs/results/serve.md). The same layout is one gather of rows: for features of one width, ``F.embedding`` of the
 flat rows by ``inverse[f, b]`` plus feature f's first row, sample-major, whose backward sums each
 sample's gradient into its row (each kept bag is one sample's; the shared empty bag's sum has no
 lookup to reach). Tables of different widths gather per feature. Same values, same gradients
