@@ -1023,6 +1023,11 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (4aaab99, dim 16, unshaped) | link |", ["network_serve50_unshaped_dim16"]),
     ("| seed (a97b860, dim 128 over 1gbit) | link |", ["network_sync_3seeds_dim128_1gbit"]),
     ("| seed (a97b860, dim 128, unshaped) | link |", ["network_sync_unshaped_dim128"]),
+    ("| seed (f439327, dim 128, unshaped) | link |", ["network_sync_unshaped_dim128", "network_unshaped_dim128_seeds12"]),
+    ("| seed (f439327, dim 16, unshaped) | link |", ["network_unshaped_dim16_3seeds"]),
+    ("| seed (4c33efb, dim 128 over 1gbit) | link |", ["network_gather_3seeds_dim128_1gbit"]),
+    ("| seed (4c33efb, dim 128, unshaped) | link |", ["network_gather_unshaped_dim128"]),
+    ("| seed (4c33efb, dim 16, unshaped) | link |", ["network_gather_unshaped_dim16"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16

@@ -7,10 +7,11 @@ variable-batch KJTs (TorchRec's VBE): feature f sends S_f bags and each sample's
 ``VariableBatchEmbeddingBagCollectionAwaitable`` lays them out per sample with
 ``torch.ops.fbgemm.batch_index_select_dim0``. On CPU that op and its backward were the costliest
 part of a serving step: 200 steps serving always on 2 emulated nodes at dim 128 took 26.9 s
-through it and 22.7 s through the gather below (docs/results/serve.md). The same layout is one gather of rows: for features of one width, ``F.embedding`` of the
-flat rows by ``inverse[f, b]`` plus feature f's first row, sample-major, whose backward sums each
-sample's gradient into its row (each kept bag is one sample's; the shared empty bag's sum has no
-lookup to reach). Tables of different widths gather per feature. Same values, same gradients
+through it and 22.7 s through the gather below (docs/results/serve.md). The same layout is one
+gather of rows: for features of one width, ``F.embedding`` of the flat rows by ``inverse[f, b]``
+plus feature f's first row, sample-major, whose backward sums each sample's gradient into its row
+(each kept bag is one sample's; the shared empty bag's sum has no lookup to reach). Tables of
+different widths gather per feature. Same values, same gradients
 (``tests/sharding/test_vbe_output.py``), on any device, no host read.
 """
 
@@ -70,7 +71,7 @@ class GatheredVariableBatchOutput(VariableBatchEmbeddingBagCollectionAwaitable):
 
     def _wait_impl(self) -> KeyedTensor:
         embeddings = [w.wait() for w in self._awaitables]
-        keys, inverse = self._inverse_indices
+        _keys, inverse = self._inverse_indices
         permute = self._inverse_indices_permute_indices
         indices = inverse if permute is None else torch.index_select(inverse, 0, permute)
         out = per_sample_rows(
