@@ -335,6 +335,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", default="benchmarks/results/network.json")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take")
     p.add_argument("--progress", action="store_true", help="one line per run")
+    p.add_argument("--order", choices=("fixed", "alternate"), default="fixed",
+                   help="the jobs in the order given on every seed (fixed), or reversed on every other seed "
+                        "(alternate: a drift of the machine within a pair falls on each job alike)")
     args = p.parse_args(argv)
 
     why = netns.preflight()
@@ -367,10 +370,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for rate in rates:
                     cluster.shape(rate)
-                    for job in jobs:  # alternating jobs within a seed and rate: noise hits all alike
+                    # jobs alternate within a seed and rate: noise hits all alike; --order alternate
+                    # also reverses them on every other seed, so that neither always runs first
+                    flip = args.order == "alternate" and (seed - args.first_seed) % 2 == 1
+                    for position, job in enumerate(reversed(jobs) if flip else jobs):
                         n += 1
                         res = run_job(cluster, job, seed, Path(tmp) / f"{n}", args.timeout, base, golden)
                         res["rate"] = rate
+                        res["position"] = position  # 0: this job ran first of its seed and rate
                         runs.append(res)
                         if args.progress:
                             prog = res["program_bytes_per_sample"]
@@ -397,7 +404,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]) if argv is None
         else " ".join(["benchmarks/network.py", *argv]),
         "nodes": args.nodes, "rates": rates, "seeds": args.seeds,
-        "first_seed": args.first_seed, "base": base,
+        "first_seed": args.first_seed, "order": args.order, "base": base,
         "jobs": {j.name: j.overrides for j in jobs}, "runs": runs, **summary, "figure": str(fig),
     }  # fmt: skip
     out.write_text(json.dumps(result, indent=1))  # before the figure: a plotting error loses no run

@@ -103,3 +103,51 @@ def test_a_seed_range_that_is_empty_or_negative_is_refused_in_one_line(capsys):
         assert main([*argv, "--rates", "none"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "give at least one seed" in err[0], err
+
+
+def test_alternate_order_reverses_the_jobs_on_every_other_seed(monkeypatch, tmp_path):
+    """--order alternate: seed 0 runs the jobs as given, seed 1 reversed, seed 2 as given; each
+    run records its position. fixed (the default) keeps the order on every seed."""
+    import benchmarks.network as network
+
+    class FakeCluster:
+        def __init__(self, nodes):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def shape(self, rate):
+            pass
+
+    ran = []
+
+    def fake_run(cluster, job, seed, run_dir, timeout_s, base, golden):
+        ran.append((seed, job.name))
+        return {"job": job.name, "seed": seed}
+
+    monkeypatch.setattr(network.netns, "preflight", lambda: None)
+    monkeypatch.setattr(network.netns, "remove_stale", lambda: [])
+    monkeypatch.setattr(network.netns, "Cluster", FakeCluster)
+    monkeypatch.setattr(network, "run_job", fake_run)
+    monkeypatch.setattr(network, "summarize", lambda runs, jobs, rates, pair_with: {})
+    monkeypatch.setattr(network, "figure", lambda *a: None)
+    monkeypatch.setattr(network, "print_table", lambda *a: None)
+    for order, expected in (
+        ("alternate", [(0, "off"), (0, "on"), (1, "on"), (1, "off"), (2, "off"), (2, "on")]),
+        ("fixed", [(0, "off"), (0, "on"), (1, "off"), (1, "on"), (2, "off"), (2, "on")]),
+    ):
+        ran.clear()
+        out = tmp_path / f"{order}.json"
+        argv = ["--rates", "none", "--seeds", "3", "--job", "off=slipstream=off", "--job", "on=",
+                "--order", order, "--out", str(out)]
+        assert network.main(argv) == 0
+        assert ran == expected
+        result = json.loads(out.read_text())
+        assert result["order"] == order
+        assert [(r["seed"], r["job"], r["position"]) for r in result["runs"]] == [
+            (s, j, 0 if i % 2 == 0 else 1) for i, (s, j) in enumerate(expected)
+        ]
