@@ -174,6 +174,9 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
     return {
         "job": job.name, "seed": seed, "wall_seconds": round(wall, 1),
         "train_seconds": res["train_seconds"], "samples_trained": samples,
+        # every rank's process CPU seconds in training, summed (ours only): the work done, which
+        # the machine's stolen time does not inflate as it does the wall
+        "train_cpu_seconds": None if job.golden else res.get("train_cpu_seconds"),
         "samples_per_second": samples / res["train_seconds"], "test_auc": res.get("test_auc"),
         "wire_bytes_per_node": tx, "wire_bytes_per_sample": sum(tx) / samples if samples else None,
         "program_bytes_per_sample": program,
@@ -229,6 +232,8 @@ def summarize(runs: List[Dict[str, Any]], jobs: List[str], rates: List[str], pai
             table.append({
                 "job": job, "rate": rate, "seeds": len(mine),
                 "train_seconds": statistics.mean(m["train_seconds"] for m in mine),
+                "train_cpu_seconds": statistics.mean(cpu) if (cpu := [m.get("train_cpu_seconds") for m in mine])
+                and None not in cpu else None,
                 "samples_per_second": statistics.mean(m["samples_per_second"] for m in mine),
                 "wire_bytes_per_sample": statistics.mean(m["wire_bytes_per_sample"] for m in mine),
                 "program_bytes_per_sample": statistics.mean(prog) if prog else None,
@@ -289,7 +294,7 @@ def figure(summary: Dict[str, Any], rates: List[str], path: Path) -> None:
 
 def print_table(summary: Dict[str, Any], pair_with: str) -> None:
     key = f"paired_auc_vs_{pair_with}"
-    print(f"{'job':<16} {'rate':<8} {'train s':>8} {'samples/s':>10} {'wire B/s.':>10} {'program B/s.':>12} "
+    print(f"{'job':<16} {'rate':<8} {'train s':>8} {'CPU s':>7} {'samples/s':>10} {'wire B/s.':>10} {'program B/s.':>12} "
           f"{'off-rank B/s.':>13} {'wire-dense':>10} {'train wire':>10} {'/program':>8} {'t.w.-dense':>10} "
           f"{'test AUC':>9} {'paired':>8}")  # fmt: skip
     for row in summary["table"]:
@@ -297,7 +302,8 @@ def print_table(summary: Dict[str, Any], pair_with: str) -> None:
         emb = row.get("wire_minus_dense_bytes_per_sample")
         off_total = None if off is None else off["total"]
         auc, paired = row["test_auc"], row[key]
-        print(f"{row['job']:<16} {row['rate']:<8} {row['train_seconds']:>8.1f} {row['samples_per_second']:>10.0f} "
+        print(f"{row['job']:<16} {row['rate']:<8} {row['train_seconds']:>8.1f} "
+              f"{fmt_cell(row.get('train_cpu_seconds'), '.1f', 7)} {row['samples_per_second']:>10.0f} "
               f"{row['wire_bytes_per_sample']:>10.0f} {'' if prog is None else f'{prog:.0f}':>12} "
               f"{'' if off_total is None else f'{off_total:.0f}':>13} "
               f"{'' if emb is None else f'{emb:.0f}':>10} {fmt_cell(row.get('wire_train_bytes_per_sample'), '.0f', 10)} "
@@ -306,10 +312,11 @@ def print_table(summary: Dict[str, Any], pair_with: str) -> None:
               f"{'' if auc is None else f'{auc:.4f}':>9} {'' if paired is None else f'{paired:+.4f}':>8}")  # fmt: skip
     for rate, s in summary["communication_share"]["by_rate"].items():
         print(f"{pair_with}'s communication share at {rate}: {s:.1%} (1 - unshaped time / shaped time)")
-    print("wire B/sample: every byte the nodes' interfaces sent (setup, evaluation and TCP/IP headers included) "
-          "over trained samples; program B/sample: summary.json's count, every rank's sends including the share "
-          "a rank sends itself, training collectives only; off-rank B/sample: the same less each rank's share to "
-          "itself (summary.json off_rank_bytes_per_sample: a 2-rank all-to-all keeps half, gloo's ring all-reduce "
+    print("CPU s: every rank's process CPU seconds in training, summed (ours only). wire B/sample: every byte "
+          "the nodes' interfaces sent (setup, evaluation and TCP/IP headers included) over trained samples; "
+          "program B/sample: summary.json's count, every rank's sends including the share a rank sends itself, "
+          "training collectives only; off-rank B/sample: the same less each rank's share to itself "
+          "(summary.json off_rank_bytes_per_sample: a 2-rank all-to-all keeps half, gloo's ring all-reduce "
           "sends 2(W-1)/W of its buffer); wire-dense: the wire less the off-rank dense and data-parallel "
           "all-reduces, the embedding side on the wire. The wire also carries evaluation, setup and TCP/IP "
           "headers. train wire: the trainer's own reading of each node's counter over its "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +48,8 @@ def test_two_process_training_learns_and_writes_a_complete_run(tmp_path, data_ro
     assert summary["samples_trained"] == summary["samples_seen"] == 20 * 512 * 2
     assert summary["val_auc"] > 0.62 and summary["test_auc"] > 0.62, summary
     assert summary["samples_per_second"] > 0 and summary["train_seconds"] > 0
+    # both ranks' CPU seconds in training: work was done, and no more than 2 ranks' cores could do
+    assert 0 < summary["train_cpu_seconds"] <= 2 * (os.cpu_count() or 1) * summary["train_seconds"]
     # the whole validation split, gathered from both ranks
     assert summary["eval_history"][-1]["num_samples"] == 8000
     parts = summary["time_breakdown_rank0"]

@@ -32,6 +32,10 @@ class TrainState:
     data_seconds: float = 0.0  # inside the batch stream's next(): loading, classifying, refilling
     eval_seconds: float = 0.0
     checkpoint_seconds: float = 0.0  # saving checkpoints (excluded from train_seconds too)
+    # this rank's process CPU time (all its threads) inside training epochs, evaluations and
+    # checkpoints excluded: the work done, which a busy machine's stolen time does not inflate
+    train_cpu_seconds: float = 0.0
+    paused_cpu_seconds: float = 0.0  # CPU time in evaluations and checkpoints (taken out of it)
     history: List[Dict[str, Any]] = field(default_factory=list)  # evaluation results
 
 
@@ -45,6 +49,7 @@ def state_dict(trainer: "Trainer") -> Dict[str, Any]:
     """This rank's part of a checkpoint, besides model and optimizers (which go through DCP)."""
     st = dataclasses.asdict(trainer.state)
     st["train_seconds"] = trainer.clock.live()
+    st["train_cpu_seconds"] = trainer.clock.live_cpu()
     stream = trainer.slipstream.stream
     pending = list(trainer.in_flight.pending) if trainer.in_flight is not None else []
     position = {

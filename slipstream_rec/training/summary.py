@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
+import torch
+
+from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.slipstream import stats
 from slipstream_rec.training.embedding_cache import embedding_cache_summary
 from slipstream_rec.training.embedding_traffic import embedding_traffic_summary
@@ -49,6 +52,8 @@ def run_summary(trainer: "Trainer", val: Dict[str, Any], test: Optional[Dict[str
     traffic = embedding_traffic_summary(  # all ranks
         trainer.model, stats.serving(trainer.slipstream), st.samples_trained, env.local_world_size
     )
+    # the CPU seconds every rank spent in training, summed (one SUM all-reduce, all ranks)
+    cpu = float(all_reduce_(torch.tensor([st.train_cpu_seconds], dtype=torch.float64)).item())
     probe = trainer.precision_probe
     detail, lever, overhead, peak = (
         slip.pop(k) for k in ("slipstream", "serve_lever", "slipstream_overhead_seconds", "slipstream_state_bytes")
@@ -59,6 +64,9 @@ def run_summary(trainer: "Trainer", val: Dict[str, Any], test: Optional[Dict[str
         "samples_seen": st.samples_seen,
         "samples_trained": st.samples_trained,
         "train_seconds": round(st.train_seconds, 3),
+        # the host CPU time of every rank's process in training (all its threads; a GPU's
+        # kernels not in it), summed: the work done, less noisy than the wall on a shared machine
+        "train_cpu_seconds": round(cpu, 3),
         "eval_seconds": round(st.eval_seconds, 3),
         "checkpoint_seconds": round(st.checkpoint_seconds, 3),
         "checkpoints_saved_this_attempt": checkpointer.saved if checkpointer else 0,

@@ -252,7 +252,7 @@ class Trainer:
         if self.checkpointer is None or self.checkpointer.last_step == step:
             return
         before = self.state.checkpoint_seconds
-        with timed(self.state, "checkpoint_seconds"):
+        with timed(self.state, "checkpoint_seconds"), timed(self.state, "paused_cpu_seconds", time.process_time):
             path = self.checkpointer.save(step, self.state_dict())
         self.checkpointer.mark_saved(step, self.clock.live())
         seconds = round(self.state.checkpoint_seconds - before, 3)
@@ -268,7 +268,7 @@ class Trainer:
 
     def _evaluate(self, split: str, loader: Any) -> Dict[str, float]:
         """Pause the pipeline (its in-flight batches are kept), evaluate, resume on next step."""
-        with timed(self.state, "eval_seconds"):
+        with timed(self.state, "eval_seconds"), timed(self.state, "paused_cpu_seconds", time.process_time):
             result = evaluate(self._paused_model(), loader, self.env.device, self.eval_logit_offset())
         record = {"split": split, "samples_trained": self.state.samples_trained, **result}
         self.state.history.append({"step": self.state.step, **record})
