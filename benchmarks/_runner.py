@@ -25,9 +25,10 @@ BIN = Path(sys.executable).parent
 # A run that ends this far below its paired (same-seed) off run is flagged: a collapse, not noise
 # (paired differences spread by about 0.0005 on this project's data).
 COLLAPSE_AUC = 0.005
-FIELDS = ["train_seconds", "samples_trained", "samples_seen", "samples_skipped", "skip_fraction", "val_auc",
-          "val_logloss", "test_auc", "test_logloss", "slipstream_overhead_seconds", "steps", "threshold",
-          "hot_rows", "stale_rows", "first_skip_step", "target_skip_fraction", "quality_decisions", "policy"]
+FIELDS = ["train_seconds", "train_cpu_seconds", "samples_trained", "samples_seen", "samples_skipped",
+          "skip_fraction", "val_auc", "val_logloss", "test_auc", "test_logloss", "slipstream_overhead_seconds",
+          "steps", "threshold", "hot_rows", "stale_rows", "first_skip_step", "target_skip_fraction",
+          "quality_decisions", "policy"]
 
 L = TypeVar("L")
 
