@@ -174,9 +174,9 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
     return {
         "job": job.name, "seed": seed, "wall_seconds": round(wall, 1),
         "train_seconds": res["train_seconds"], "samples_trained": samples,
-        # every rank's process CPU seconds in training, summed (ours only): the work done, which
+        # every rank's process CPU seconds in training, summed: the work done, which
         # the machine's stolen time does not inflate as it does the wall
-        "train_cpu_seconds": None if job.golden else res.get("train_cpu_seconds"),
+        "train_cpu_seconds": res.get("train_cpu_seconds"),
         "samples_per_second": samples / res["train_seconds"], "test_auc": res.get("test_auc"),
         "wire_bytes_per_node": tx, "wire_bytes_per_sample": sum(tx) / samples if samples else None,
         "program_bytes_per_sample": program,
@@ -312,7 +312,7 @@ def print_table(summary: Dict[str, Any], pair_with: str) -> None:
               f"{'' if auc is None else f'{auc:.4f}':>9} {'' if paired is None else f'{paired:+.4f}':>8}")  # fmt: skip
     for rate, s in summary["communication_share"]["by_rate"].items():
         print(f"{pair_with}'s communication share at {rate}: {s:.1%} (1 - unshaped time / shaped time)")
-    print("CPU s: every rank's process CPU seconds in training, summed (ours only). wire B/sample: every byte "
+    print("CPU s: every rank's process CPU seconds in training, summed. wire B/sample: every byte "
           "the nodes' interfaces sent (setup, evaluation and TCP/IP headers included) over trained samples; "
           "program B/sample: summary.json's count, every rank's sends including the share a rank sends itself, "
           "training collectives only; off-rank B/sample: the same less each rank's share to itself "

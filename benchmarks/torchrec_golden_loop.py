@@ -141,7 +141,7 @@ def main() -> None:
 
     steps = 0
     dist.barrier()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with audit if audit is not None else contextlib.nullcontext():
         while args.steps == 0 or steps < args.steps:
             try:
@@ -152,6 +152,9 @@ def main() -> None:
             if audit is not None:
                 audit.end_step(steps, [])
     seconds = time.perf_counter() - start
+    # every rank's process CPU seconds in the loop, summed (all ranks): as summary.json's
+    cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
+    dist.all_reduce(cpu)
     if audit is not None:
         audit.write(Path(f"{args.sync_audit}_rank{rank}.json"))
     result = {}
@@ -163,7 +166,8 @@ def main() -> None:
         samples = steps * args.batch_size * world
         print(json.dumps({
             "runner": "torchrec_golden", "steps": steps, "samples": samples,
-            "train_seconds": seconds, "samples_per_second": samples / seconds, "sharding": sharding,
+            "train_seconds": seconds, "train_cpu_seconds": float(cpu.item()),
+            "samples_per_second": samples / seconds, "sharding": sharding,
             "qcomms": args.qcomms or None,
             **result,
         }), flush=True)
