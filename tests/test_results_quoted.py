@@ -1028,6 +1028,7 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (4c33efb, dim 128 over 1gbit) | link |", ["network_gather_3seeds_dim128_1gbit"]),
     ("| seed (4c33efb, dim 128, unshaped) | link |", ["network_gather_unshaped_dim128"]),
     ("| seed (4c33efb, dim 16, unshaped) | link |", ["network_gather_unshaped_dim16"]),
+    ("| seed (4749203, dim 16, unshaped, alternating) | link |", ["network_alternate_unshaped_dim16"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
@@ -1049,6 +1050,43 @@ def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
         spent = mine["time_breakdown_rank0"]
         _check(cells[8] + " " + cells[9], [spent["slipstream"], spent["serving"]])
         _check_decisions(cells[10], mine["serve_lever"]["decisions"])
+
+
+def test_the_noise_floor_tables_quote_their_runs():
+    """off against off, and off, off again and the defaults with CPU seconds (dim 16 unshaped):
+    each row's seconds, ratios and order as the files hold them, and the sums the text quotes."""
+    aa = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_aa_unshaped_dim16.json").read_text())["runs"]}
+    rows = _rows("docs/results/serve.md", "| seed (4749203, `off` against `off`, dim 16, unshaped) |")
+    assert [int(r[0]) for r in rows] == [0, 1, 2]
+    for cells in rows:
+        off, again = aa[("off", int(cells[0]))], aa[("off_again", int(cells[0]))]
+        _check(cells[1] + " " + cells[2], [off["train_seconds"], again["train_seconds"]])
+        assert cells[3] == f"{off['train_seconds'] / again['train_seconds']:.3f}x", cells
+        _check(cells[4], [again["test_auc"] - off["test_auc"]])
+    doc = json.loads((RESULTS / "network_cpu_unshaped_dim16.json").read_text())
+    assert doc["order"] == "alternate" and "network_cpu_unshaped_dim16.json" in doc["command"]
+    runs = {(r["job"], r["seed"]): r for r in doc["runs"]}
+    names = {"`off`": "off", "`off` again": "off_again", "defaults": "defaults"}
+    rows = _rows("docs/results/serve.md", "| seed (cd9c767, dim 16, unshaped) | order |")
+    assert [int(r[0]) for r in rows] == [0, 1, 2]
+    for cells in rows:
+        seed = int(cells[0])
+        trio = [runs[(job, seed)] for job in ("off", "off_again", "defaults")]
+        assert [names[n] for n in cells[1].split(", ")] == sorted(names.values(), key=lambda j: runs[(j, seed)]["position"])
+        wall, cpu = [r["train_seconds"] for r in trio], [r["train_cpu_seconds"] for r in trio]
+        _check(" ".join(cells[2:5]), wall)
+        assert cells[5:7] == [f"{wall[0] / wall[1]:.3f}x", f"{wall[0] / wall[2]:.3f}x"], cells
+        _check(" ".join(cells[7:10]), cpu)
+        assert cells[10:12] == [f"{cpu[0] / cpu[1]:.3f}x", f"{cpu[0] / cpu[2]:.3f}x"], cells
+        per = [c / w for c, w in zip(cpu, wall)]
+        _check(cells[12].replace("-", " "), [min(per), max(per)])
+        _check(cells[13], [trio[2]["test_auc"] - trio[0]["test_auc"]])
+    text = " ".join((ROOT / "docs/results/serve.md").read_text().split())
+    alt = json.loads((RESULTS / "network_alternate_unshaped_dim16.json").read_text())["runs"]
+    both = [r for r in alt if r["job"] in ("off", "defaults")] + [r for r in doc["runs"] if r["job"] != "off_again"]
+    off = sum(r["train_seconds"] for r in both if r["job"] == "off")
+    mine = sum(r["train_seconds"] for r in both if r["job"] == "defaults")
+    assert len(both) == 14 and f"{off / mine:.3f}x on the summed seconds ({off:.1f} s against {mine:.1f} s)" in text
 
 
 def test_the_one_element_agreement_sums_quote_their_unshaped_pairs():
