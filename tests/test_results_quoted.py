@@ -1029,6 +1029,7 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (4c33efb, dim 128, unshaped) | link |", ["network_gather_unshaped_dim128"]),
     ("| seed (4c33efb, dim 16, unshaped) | link |", ["network_gather_unshaped_dim16"]),
     ("| seed (4749203, dim 16, unshaped, alternating) | link |", ["network_alternate_unshaped_dim16"]),
+    ("| seed (cd9c767, dim 16 over 200mbit) | link |", ["network_gather_3seeds_dim16_200mbit"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
@@ -1087,6 +1088,28 @@ def test_the_noise_floor_tables_quote_their_runs():
     off = sum(r["train_seconds"] for r in both if r["job"] == "off")
     mine = sum(r["train_seconds"] for r in both if r["job"] == "defaults")
     assert len(both) == 14 and f"{off / mine:.3f}x on the summed seconds ({off:.1f} s against {mine:.1f} s)" in text
+
+
+def test_the_code_control_and_the_waits_over_200mbit_are_quoted():
+    """4aaab99's code and cd9c767's, back to back (one run each, seed 0 over 200mbit): their
+    seconds and test AUC as quoted; and the CPU seconds and waits of the 3 seeds' runs."""
+    old, head = (json.loads((RESULTS / f"network_{n}_control_dim16_200mbit.json").read_text())["runs"][0]
+                 for n in ("4aaab99", "head"))
+    assert old["seed"] == head["seed"] == 0 and old["rate"] == head["rate"] == "200mbit"
+    assert "train_cpu_seconds" not in old and head["train_cpu_seconds"] is not None  # the old code had none
+    text = " ".join((ROOT / "docs/results/serve.md").read_text().split())
+    assert (f"trained in {old['train_seconds']:.1f} s and {head['train_seconds']:.1f} s with test AUC "
+            f"{old['test_auc']:.6f} and {head['test_auc']:.6f}") in text
+    runs = json.loads((RESULTS / "network_gather_3seeds_dim16_200mbit.json").read_text())["runs"]
+    quoted = re.search(r"`off`'s ranks spent (\S+) CPU seconds and waited (\S+) rank-seconds .{0,40}"
+                       r"the defaults' spent (\S+) and waited (\S+):", text)
+    assert quoted, "the CPU seconds and waits over 200mbit are not quoted"
+    for job, spent, waited in (("off", 1, 2), ("defaults", 3, 4)):
+        cpu = [r["train_cpu_seconds"] for r in runs if r["job"] == job]
+        wait = [2 * r["train_seconds"] - r["train_cpu_seconds"] for r in runs if r["job"] == job]
+        assert len(cpu) == 3
+        _check(quoted.group(spent).replace("-", " "), [min(cpu), max(cpu)])
+        _check(quoted.group(waited).replace("-", " "), [min(wait), max(wait)])
 
 
 def test_the_one_element_agreement_sums_quote_their_unshaped_pairs():
