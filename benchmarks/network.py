@@ -174,8 +174,8 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
     return {
         "job": job.name, "seed": seed, "wall_seconds": round(wall, 1),
         "train_seconds": res["train_seconds"], "samples_trained": samples,
-        # every rank's process CPU seconds in training, summed: the work done, which
-        # the machine's stolen time does not inflate as it does the wall
+        # every rank's process CPU seconds in training, summed: the work done; ranks x train s less
+        # it is the time the ranks waited (on the link, on each other)
         "train_cpu_seconds": res.get("train_cpu_seconds"),
         "samples_per_second": samples / res["train_seconds"], "test_auc": res.get("test_auc"),
         "wire_bytes_per_node": tx, "wire_bytes_per_sample": sum(tx) / samples if samples else None,

@@ -33,7 +33,7 @@ class TrainState:
     eval_seconds: float = 0.0
     checkpoint_seconds: float = 0.0  # saving checkpoints (excluded from train_seconds too)
     # this rank's process CPU time (all its threads) inside training epochs, evaluations and
-    # checkpoints excluded: the work done, which a busy machine's stolen time does not inflate
+    # checkpoints excluded: the work done, without the time the rank waited
     train_cpu_seconds: float = 0.0
     paused_cpu_seconds: float = 0.0  # CPU time in evaluations and checkpoints (taken out of it)
     history: List[Dict[str, Any]] = field(default_factory=list)  # evaluation results

@@ -65,7 +65,7 @@ def run_summary(trainer: "Trainer", val: Dict[str, Any], test: Optional[Dict[str
         "samples_trained": st.samples_trained,
         "train_seconds": round(st.train_seconds, 3),
         # the host CPU time of every rank's process in training (all its threads; a GPU's
-        # kernels not in it), summed: the work done, less noisy than the wall on a shared machine
+        # kernels not in it), summed: the work done; ranks x train_seconds less it, the waits
         "train_cpu_seconds": round(cpu, 3),
         "eval_seconds": round(st.eval_seconds, 3),
         "checkpoint_seconds": round(st.checkpoint_seconds, 3),
