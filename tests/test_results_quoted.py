@@ -1030,6 +1030,7 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (4c33efb, dim 16, unshaped) | link |", ["network_gather_unshaped_dim16"]),
     ("| seed (4749203, dim 16, unshaped, alternating) | link |", ["network_alternate_unshaped_dim16"]),
     ("| seed (cd9c767, dim 16 over 200mbit) | link |", ["network_gather_3seeds_dim16_200mbit"]),
+    ("| seed (cd9c767, dim 128, unshaped, alternating) | link |", ["network_alternate_unshaped_dim128"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
