@@ -48,11 +48,16 @@ def run_policy(choice: List[str], nproc: int, overrides: List[str], run_dir: Pat
     return {k: summary.get(k) for k in FIELDS}
 
 
-def alternating(labels: Sequence[L], seeds: int) -> Iterator[Tuple[int, L]]:
-    """(seed, label) for every label once per seed 0..seeds-1: in the given order on even seeds,
+def in_turn(labels: Sequence[L], r: int) -> List[L]:
+    """The labels in the order the ``r``-th seed (from 0) runs them: as given on even seeds,
     reversed on odd ones, so that machine noise (a slow first run, a warm cache) hits all alike."""
+    return list(labels) if r % 2 == 0 else list(reversed(labels))
+
+
+def alternating(labels: Sequence[L], seeds: int) -> Iterator[Tuple[int, L]]:
+    """(seed, label) for every label once per seed 0..seeds-1, in ``in_turn`` order."""
     for r in range(seeds):
-        for label in labels if r % 2 == 0 else list(reversed(labels)):
+        for label in in_turn(labels, r):
             yield r, label
 
 

@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import netns  # noqa: E402
-from benchmarks._runner import ROOT, auc_difference, fmt_cell  # noqa: E402
+from benchmarks._runner import ROOT, auc_difference, fmt_cell, in_turn  # noqa: E402
 
 DEFAULT_BASE = "experiment=clicklog_quick trainer.progress_bar=false trainer.tensorboard=false trainer.checkpoint.enabled=false"
 OFF = "slipstream=off trainer.precision=fp32"
@@ -379,8 +379,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     cluster.shape(rate)
                     # jobs alternate within a seed and rate: noise hits all alike; --order alternate
                     # also reverses them on every other seed, so that neither always runs first
-                    flip = args.order == "alternate" and (seed - args.first_seed) % 2 == 1
-                    for position, job in enumerate(reversed(jobs) if flip else jobs):
+                    turn = in_turn(jobs, seed - args.first_seed) if args.order == "alternate" else jobs
+                    for position, job in enumerate(turn):
                         n += 1
                         res = run_job(cluster, job, seed, Path(tmp) / f"{n}", args.timeout, base, golden)
                         res["rate"] = rate
