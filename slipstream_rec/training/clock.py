@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
+
+from slipstream_rec.timing import timed
 
 __all__ = ["TrainClock"]
 
@@ -45,6 +48,14 @@ class TrainClock:
             return st.train_seconds
         paused = st.eval_seconds + st.checkpoint_seconds - self._paused_before
         return st.train_seconds + time.perf_counter() - self._epoch_start - paused
+
+    @contextlib.contextmanager
+    def paused(self, key: str) -> Iterator[None]:
+        """A block that neither clock counts as training (an evaluation, a checkpoint): its wall
+        time into the state's ``key`` (``eval_seconds``, ``checkpoint_seconds``), its CPU time into
+        ``paused_cpu_seconds``."""
+        with timed(self.state, key), timed(self.state, "paused_cpu_seconds", time.process_time):
+            yield
 
     def live_cpu(self) -> float:
         """This process's CPU seconds in training so far (host threads only: a GPU's kernels are

@@ -23,7 +23,6 @@ from slipstream_rec.data.batch_ops import batch_from_state
 from slipstream_rec.distributed import DistEnv
 from slipstream_rec.slipstream import stats
 from slipstream_rec.slipstream.controller import SlipstreamController
-from slipstream_rec.timing import timed
 from slipstream_rec.training.config import Precision, TrainerConfig
 from slipstream_rec.training.downsampling import NegativeDownsampler
 from slipstream_rec.training import run_state
@@ -252,7 +251,7 @@ class Trainer:
         if self.checkpointer is None or self.checkpointer.last_step == step:
             return
         before = self.state.checkpoint_seconds
-        with timed(self.state, "checkpoint_seconds"), timed(self.state, "paused_cpu_seconds", time.process_time):
+        with self.clock.paused("checkpoint_seconds"):
             path = self.checkpointer.save(step, self.state_dict())
         self.checkpointer.mark_saved(step, self.clock.live())
         seconds = round(self.state.checkpoint_seconds - before, 3)
@@ -268,7 +267,7 @@ class Trainer:
 
     def _evaluate(self, split: str, loader: Any) -> Dict[str, float]:
         """Pause the pipeline (its in-flight batches are kept), evaluate, resume on next step."""
-        with timed(self.state, "eval_seconds"), timed(self.state, "paused_cpu_seconds", time.process_time):
+        with self.clock.paused("eval_seconds"):
             result = evaluate(self._paused_model(), loader, self.env.device, self.eval_logit_offset())
         record = {"split": split, "samples_trained": self.state.samples_trained, **result}
         self.state.history.append({"step": self.state.step, **record})

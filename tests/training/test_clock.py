@@ -8,7 +8,6 @@ import time
 import pytest
 import torch
 
-from slipstream_rec.timing import timed
 from slipstream_rec.training.clock import TrainClock
 from slipstream_rec.training.run_state import TrainState
 
@@ -27,7 +26,7 @@ def test_cpu_seconds_count_training_work_and_leave_out_waits_and_evaluations():
     clock.start_epoch()
     _burn(0.3)  # training work
     time.sleep(0.3)  # a wait (a collective's, a stolen core's): wall, no CPU
-    with timed(state, "eval_seconds"), timed(state, "paused_cpu_seconds", time.process_time):
+    with clock.paused("eval_seconds"):
         _burn(0.3)  # an evaluation: neither clock counts it
     assert clock.live_cpu() == pytest.approx(0.3, abs=0.05)
     clock.end_epoch()
