@@ -195,6 +195,9 @@ def run_job(cluster: netns.Cluster, job: Job, seed: int, run_dir: Path, timeout_
         "row_wise_bytes_per_sample": res.get("row_wise_bytes_per_sample"), "replica": res.get("replica"),
         "negative_downsampling_rate": (res.get("negative_downsampling") or {}).get("rate"),
         "time_breakdown_rank0": res.get("time_breakdown_rank0"),
+        # Slipstream's own host seconds by part, rank 0's (count, snapshot,
+        # sync, push, serve, ...): where its share of time_breakdown_rank0 goes
+        "slipstream_seconds": (res.get("slipstream") or {}).get("seconds"),
     }  # fmt: skip
 
 
