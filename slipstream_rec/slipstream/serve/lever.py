@@ -36,10 +36,12 @@ least 49 windows (``look_windows``): the further apart the two figures, the rare
 The decision prices that wait from its two figures; every window of the decided state prices it
 again from the mean of the state's own windows (``_rebudget``), so that one noisy trial window
 does not set it for the rest of the run.
-Each decision, its two figures and its reason is a record (``decisions``). A window serving on
-trial (``probe_on``) is also measured once ``MIN_TIMED`` of the way in: where serving is already
-``EARLY_LOSS`` past the rule's line, the lever stands down there (``early_end``), since the rest
-of the window would only add to its cost.
+Each decision, its two figures and its reason is a record (``decisions``). A window on trial
+(``probe_on``, ``probe_off``) whose other figure is known is also measured once ``MIN_TIMED`` of
+the way in: where the state it times already loses by ``EARLY_LOSS`` past the rule's line, the
+lever decides there (``early_end``), since the rest of the window would only add to its cost:
+a window serving that loses by that much stands down; a window without serving (a re-check)
+where serving wins by that much serves again, the re-check's own cost cut to a quarter.
 
 The first ``SETTLE_STEPS`` steps of a window (plus ``trainer.lockstep_every_steps`` - 1, whose
 batches are split that much further ahead) are not timed: the batches the pipeline prefetched
@@ -68,9 +70,10 @@ __all__ = [
 SETTLE_STEPS = 2
 # A window's figure needs at least this share of its steps timed (else it is not measured).
 MIN_TIMED = 0.25
-# A window serving is cut short after MIN_TIMED of its steps where serving already measures
-# this much slower than the rule's line (the step without it less serve_min_gain): its decision is
-# not near the line, and every further step of it is lost.
+# A window on trial is cut short after MIN_TIMED of its steps where the state it times already
+# measures this much slower than the rule's line (serving: the step without it less
+# serve_min_gain; without serving: the step serving over 1 - serve_min_gain): its decision is not
+# near the line, and every further step of it is lost.
 EARLY_LOSS = 0.10
 
 
@@ -165,24 +168,38 @@ class ServeLever:
 
     @property
     def cuts_short(self) -> bool:
-        """Whether the window now timed may end early (``early_end``): a window serving, with a
-        figure without serving to hold it against."""
-        return self.auto and self.state is LeverState.probe_on and self.off_s is not None
+        """Whether the window now timed may end early (``early_end``): a window on trial
+        (serving, or without it) with the other state's figure to hold it against."""
+        if not self.auto:
+            return False
+        if self.state is LeverState.probe_on:
+            return self.off_s is not None
+        return self.state is LeverState.probe_off and self.on_s is not None
 
     def early_end(self, step: int, seconds_per_step: Optional[float], timed_steps: int) -> Optional[LeverState]:
-        """The window serving measured ``seconds_per_step`` over its first ``timed_steps`` steps:
-        where that is over ``EARLY_LOSS`` slower than the rule's line (the step without serving
-        less ``min_gain``), decide now (stand down) instead of at the window's end. Returns the
-        state left, or None where the window runs on. Pure, as ``window_end``."""
+        """The window on trial measured ``seconds_per_step`` over its first ``timed_steps`` steps
+        (serving: the whole step; without: less the tracking): where its state already loses by
+        over ``EARLY_LOSS`` past the rule's line, decide now instead of at the window's end (a
+        window serving stands down; a window without serving serves). Returns the state left, or
+        None where the window runs on. Pure, as ``window_end``."""
         if not self.cuts_short or seconds_per_step is None:
             return None
-        assert self.off_s is not None
-        if seconds_per_step <= self.off_s * (1.0 - self.min_gain) * (1.0 + EARLY_LOSS):
-            return None
+        serving = self.state is LeverState.probe_on
+        line = 1.0 - self.min_gain  # serving pays where on <= off * line
+        if serving:
+            assert self.off_s is not None
+            if seconds_per_step <= self.off_s * line * (1.0 + EARLY_LOSS):
+                return None
+            self.on_s = seconds_per_step
+        else:
+            assert self.on_s is not None
+            if self.on_s * (1.0 + EARLY_LOSS) > seconds_per_step * line:
+                return None
+            self.off_s = seconds_per_step
         before = self.state
-        self.on_s = seconds_per_step
-        self._decide(step, before, f"after {timed_steps} steps serving, {100 * EARLY_LOSS:g}% past the line cuts the window short; ")
-        assert self.state is LeverState.down, "a window cut short loses by more than the rule's margin"
+        timing = "serving" if serving else "without serving"
+        self._decide(step, before, f"after {timed_steps} steps {timing}, {100 * EARLY_LOSS:g}% past the line cuts the window short; ")
+        assert self.state.serves is not before.serves, "a window cut short loses by more than the rule's margin"
         self.entered, self.since, self.state_s = step, 0, 0.0
         return self.state
 

@@ -2,7 +2,7 @@
 
 ``WindowClock`` times a window on the trainer's clock from a mark every rank shares and agrees on
 the slowest rank's seconds per step; ``lever_window_step`` runs after every step on every rank:
-it marks the timed part of a window, checks a trial serving a quarter of the way in, feeds the
+it marks the timed part of a window, checks a window on trial a quarter of the way in, feeds the
 rule at a window's end, and applies what the rule decides (``_switch``: the replica rebuilt or
 emptied, counting on or off, a re-basing snapshot).
 """
@@ -37,7 +37,7 @@ class WindowClock:
     def __init__(self) -> None:
         self.clock: Optional[Callable[[], float]] = None
         self._mark: Optional[Tuple[int, float, float]] = None  # (step, clock, tracking seconds)
-        self.checked = -1  # the last step a trial serving was checked at (a lever step: its all-reduce)
+        self.checked = -1  # the last step a window on trial was checked at (a lever step: its all-reduce)
 
     def mark(self, step: int, tracking_seconds: float) -> None:
         assert self.clock is not None, "serve_when=auto needs the trainer's clock"
@@ -89,12 +89,12 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
         clock.mark(step, stats.tracking_seconds(ctl))
     least = max(1, math.ceil(MIN_TIMED * lever.window))
     if not sched.window_end(step):
-        # A window serving on trial is checked once, ``least`` steps after its mark (a step every
-        # rank shares), and may end there.
+        # A window on trial (serving, or without it) is checked once, ``least`` steps after its
+        # mark (a step every rank shares), and may end there.
         if lever.cuts_short and clock.marked and step == clock.mark_step + least:
             clock.checked = step
             with timed(ctl.seconds, "lever"):
-                measured = clock.measure(step, True, stats.tracking_seconds(ctl), ctl.count_control, least)
+                measured = clock.measure(step, lever.timing_serving, stats.tracking_seconds(ctl), ctl.count_control, least)
                 before = lever.state
                 after = lever.early_end(step, measured, least)
                 if after is not None:

@@ -200,6 +200,34 @@ def test_a_window_serving_that_clearly_loses_is_cut_short():
     assert lv.early_end(113, 0.0441, 13) is None and lv.early_end(113, 0.040 * 1.9 * 1.1 + 1e-6, 13) is S.down
 
 
+def test_a_recheck_without_serving_where_serving_clearly_wins_is_cut_short():
+    from slipstream_rec.slipstream.serve.lever import EARLY_LOSS
+
+    lv = lever(recheck=2)
+    walk(lv, [None, 0.030, 0.040])  # probe_on, probe_off: serving
+    assert lv.state is S.serving and lv.early_end(263, 0.080, 13) is None  # a decided state runs on
+    assert walk(lv, [0.030, 0.030], start=250) == [S.serving, S.probe_off]
+    # the line without serving: serving's 30 ms over 0.98; EARLY_LOSS past it the re-check runs on
+    # at the edge, beyond it serving resumes now
+    edge = 0.030 * (1 + EARLY_LOSS) / 0.98
+    assert lv.early_end(363, edge * (1 - 1e-9), 13) is None and lv.state is S.probe_off
+    assert lv.early_end(363, None, 13) is None and lv.state is S.probe_off
+    assert lv.early_end(363, 0.0340, 13) is S.serving and lv.entered == 363 and lv.serves and lv.tracks
+    rec = lv.decisions[-1]
+    assert (rec["from"], rec["to"], rec["step"], rec["standing_down_ms_per_step"]) == ("probe_off", "serving", 363, 34.0)
+    assert rec["reason"].startswith("after 13 steps without serving, 10% past the line cuts the window short; serving 30.0 ms")
+    assert lv.span == 4  # a re-check that confirms, cut short or not: twice the wait
+    # a re-check where serving no longer wins by that much runs to its end and decides there
+    lv = lever(recheck=2)
+    walk(lv, [None, 0.030, 0.040, 0.030, 0.030])
+    assert lv.state is S.probe_off and lv.early_end(363, 0.0320, 13) is None
+    assert lv.window_end(400, 0.0300, ready=True) is S.down
+    # the trial's window without serving (no figure from the wait) is cut the same way
+    lv = lever()
+    walk(lv, [None, 0.030])
+    assert lv.state is S.probe_off and lv.early_end(213, 0.040, 13) is S.serving
+
+
 def test_a_slow_trial_window_does_not_set_the_recheck_the_serving_windows_do():
     # The trial window carries the replica's first whole syncs: serving 0.0115 against 0.012
     # without prices a re-check window at 4% (5 windows at a 1% budget); the serving windows

@@ -1,6 +1,6 @@
 """The serve lever's windows on a fake trainer clock (slipstream/serve/lever_clock.py): what is
 timed (not the precision probe's steps, the tracking taken out without serving), when a window
-gives no figure, and a losing trial serving cut short a quarter of the way in."""
+gives no figure, and a window on trial that loses by far cut short a quarter of the way in."""
 
 from types import SimpleNamespace
 
@@ -43,7 +43,8 @@ def _controller(lv, clock):
         seconds={"classify": 0.0, "snapshot": 0.0, "sync": 0.0, "lever": 0.0},
         tracker=SimpleNamespace(count_seconds=0.0, snapshot=lambda: None, set_counting=lambda on: None),
         quality=SimpleNamespace(seconds=0.0),
-        server=SimpleNamespace(push_seconds=0.0, sum_seconds=0.0, rows=0, rebuild=lambda k, s: rebuilt.append(s)),
+        server=SimpleNamespace(push_seconds=0.0, sum_seconds=0.0, rows=0,
+                               rebuild=lambda k, s, resumed=False: rebuilt.append(s)),
         plan=SimpleNamespace(paused=False), threshold=SimpleNamespace(stale_now=lambda s: None),
     )  # fmt: skip
 
@@ -90,3 +91,30 @@ def test_the_controller_cuts_a_losing_window_serving_after_a_quarter_of_it():
         assert lv.state is S.down and lv.decisions[-1]["step"] == decided == n
         assert ctl.window_clock.checked == 85  # checked once, cut or not: a lever step
         assert lv.on_s == pytest.approx(0.4 * slower) and ctl.plan.paused and ctl.rebuilt[-1] == decided
+
+
+def test_the_controller_cuts_a_recheck_without_serving_short_by_the_step_less_the_tracking():
+    # serving decided at step 120 (0.3 s a step against 0.4), re-checked by the window 270-320;
+    # its steps take 0.5 s, of which `tracking` is Slipstream's (counted, taken out)
+    for tracking, decided, to in [(0.0, 285, S.serving), (0.2, 320, S.down)]:
+        lv, clock = lever(), _Clock()
+        ctl = _controller(lv, clock)
+        clock.tracker = ctl.tracker
+        for n in range(1, 321):
+            state = lv.state
+            clock.step(n)
+            if n > 70 and state.serves:
+                clock.now += 0.3 - 0.5
+            elif state is S.probe_off:
+                ctl.tracker.count_seconds += tracking
+            ctl.server.rows = int(n >= 70)
+            lever_window_step(ctl, n)
+            if lv.decisions and lv.decisions[-1]["step"] == n and n > 270:
+                break
+        assert [d["to"] for d in lv.decisions] == ["serving", to.value] and n == decided
+        assert ctl.window_clock.checked == 285  # 13 steps after the re-check's mark (272)
+        # without serving less its tracking: 0.5 s (past the line: cut, serving resumes and the
+        # replica is rebuilt there) or 0.3 s (not past it: runs on, and serving no longer pays)
+        # (to the lever's own real microseconds, which count as Slipstream's work)
+        assert lv.off_s == pytest.approx(0.5 - tracking, abs=1e-4)
+        assert (ctl.rebuilt[-1] == 285 and not ctl.plan.paused) if to is S.serving else ctl.plan.paused
