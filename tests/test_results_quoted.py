@@ -743,6 +743,28 @@ def test_the_look_budget_table_quotes_its_run():
         assert [(d["step"], d["to"]) for d in run["serve_lever"]["decisions"]] == [(170, "down")]
 
 
+def test_the_six_seed_decisions_cost_table_quotes_its_run():
+    """The decisions' cost over 6 alternating pairs (docs/performance.md, the levers measured)."""
+    runs = json.loads((RESULTS / "headline_decisions_6seeds.json").read_text())["results"]["clicklog"]["runs"]
+    rows = _rows("docs/performance.md", "| seed (4f0bf02, 6 alternating) |")
+    base, mine = runs["off_auto"], runs["defaults"]
+    assert [r[0] for r in rows] == [str(i) for i in range(len(mine))] + ["summed"]
+    for r, a, b in zip(rows, base, mine):
+        _check(r[1], [a["train_seconds"]])
+        _check(r[2], [b["train_seconds"]])
+        _check(r[3], [100 * (b["train_seconds"] / a["train_seconds"] - 1)])
+        _check(r[4], [b["test_auc"] - a["test_auc"]])
+        (d,) = b["serve_lever"]["decisions"]  # one decision: stood down, no second look
+        assert d["to"] == "down", d
+        _check(r[5], [d["step"], d["serving_ms_per_step"], d["standing_down_ms_per_step"]])
+        _check(r[6], [b["time_breakdown_rank0"]["slipstream"]])
+        _check(r[7], [b["time_breakdown_rank0"]["serving"]])
+    total = [sum(x["train_seconds"] for x in arm) for arm in (base, mine)]
+    _check(rows[-1][1], [total[0]])
+    _check(rows[-1][2], [total[1]])
+    _check(rows[-1][3], [100 * (total[1] / total[0] - 1)])
+
+
 def test_the_unshaped_look_budget_run_is_quoted():
     doc = json.loads((RESULTS / "network_unshaped_look_budget_dim128.json").read_text())
     runs = {r["job"]: r for r in doc["runs"]}
@@ -1031,6 +1053,7 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (4749203, dim 16, unshaped, alternating) | link |", ["network_alternate_unshaped_dim16"]),
     ("| seed (cd9c767, dim 16 over 200mbit) | link |", ["network_gather_3seeds_dim16_200mbit"]),
     ("| seed (cd9c767, dim 128, unshaped, alternating) | link |", ["network_alternate_unshaped_dim128"]),
+    ("| seed (e85e84f, dim 16 over 200mbit) | link |", ["network_recheck_cut_dim16_200mbit"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
@@ -1052,6 +1075,25 @@ def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
         spent = mine["time_breakdown_rank0"]
         _check(cells[8] + " " + cells[9], [spent["slipstream"], spent["serving"]])
         _check_decisions(cells[10], mine["serve_lever"]["decisions"])
+
+
+def test_the_recheck_cut_short_over_200mbit_is_quoted():
+    """Which re-checks were cut short, the served shares and Slipstream's seconds by part that
+    docs/results/serve.md's section on e85e84f quotes."""
+    runs = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_recheck_cut_dim16_200mbit.json").read_text())["runs"]}
+    mine = [runs[("defaults", s)] for s in range(3)]
+    cut = ["cuts the window short" in r["serve_lever"]["decisions"][1]["reason"] for r in mine]
+    assert cut == [False, False, True]
+    text = Path(ROOT / "docs/results/serve.md").read_text()
+    section = text[text.index("## A re-check cut short where serving wins by far (e85e84f)"):]
+    section = section[:10 + re.search(r"\n#{1,2} ", section[10:]).start()]
+    section = " ".join(section.split())
+    low, high = sorted(r["served_fraction"] for r in mine[:2])
+    assert f"{mine[2]['served_fraction']:.3f} of the lookups served against {low:.3f}-{high:.3f}" in section
+    parts = mine[0]["slipstream_seconds"]
+    quoted = (f"the replica's syncs {parts['sync_seconds']:.2f} s, the pushes {parts['push_seconds']:.2f} s, "
+              f"snapshots {parts['snapshot_seconds']:.2f} s")  # fmt: skip
+    assert quoted in section and f"the host split {parts['serve_seconds']:.2f} s" in section
 
 
 def test_the_noise_floor_tables_quote_their_runs():
