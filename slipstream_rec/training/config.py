@@ -114,8 +114,9 @@ class TrainerConfig:
     # fp32, or bf16 (autocast of the training forward's dense arch; needs pipeline=sparse_dist).
     precision: Precision = Precision.auto
     # auto, where the machine has fast bf16: steps timed per candidate (fp32, bf16), taking turns
-    # early in the run, to keep bf16 only where it measures faster (training/precision.py); 0:
-    # decide from the machine alone (no clock: reproducible).
+    # early in the run, to keep bf16 only where it measures faster (training/precision.py;
+    # decided after 8 each where one is far past the line); 0: decide from the machine alone (no
+    # clock: reproducible).
     precision_probe_steps: int = 16
     # auto: bf16 is kept only where its median step takes at most (1 - this) of fp32's.
     precision_min_gain: float = 0.05

@@ -129,7 +129,7 @@ class Trainer:
         kinds += ["guard"] if self.downsampling.is_guard_step(step) else []
         kinds += ["reattach"] if step == self._reattach_step else []  # TorchRec re-attaches after a detach
         # the precision probe's steps end with a host wait on a GPU
-        kinds += ["probe"] if self.precision_probe is not None and self.precision_probe.candidate(step) else []
+        kinds += ["probe"] if self.precision_probe is not None and self.precision_probe.probed(step) else []
         kinds += ["log"] if self.log.due(step) else []
         checks = ck.enabled and ck.every_minutes and step % ck.check_every_steps == 0
         return kinds + (["checkpoint_check"] if checks else [])

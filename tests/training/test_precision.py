@@ -141,6 +141,72 @@ def test_bf16_stays_only_where_its_median_step_is_faster_by_the_margin(fp32_ms, 
     assert probe.candidate(6) is None and probe.dtype(6) is (torch.bfloat16 if chosen == "bf16" else None)
 
 
+def _walk(probe, fp32_ms, bf16_ms):
+    """Every step of the probe timed as the given candidate's (fp32_ms or bf16_ms), until it
+    decides; returns (the step it decided at, the decision)."""
+    import time
+
+    from slipstream_rec.training.precision import PROBE_START
+
+    for step in range(PROBE_START + 1, probe.last_step + 1):
+        ms = {"fp32": fp32_ms, "bf16": bf16_ms}[probe.candidate(step)]
+        decided = probe.time_step(step, time.perf_counter() - ms / 1e3, torch.device("cpu"))
+        if decided is not None:
+            return step, decided
+    raise AssertionError("the probe never decided")
+
+
+@pytest.mark.parametrize("fp32_ms, bf16_ms, step, chosen", [
+    (100, 50, 20, "bf16"),  # far past the line: decided after two turns (8 steps each)
+    (100, 75, 20, "bf16"),  # over 20% under fp32's step less the 5% margin
+    (100, 82, 36, "bf16"),  # faster, but within 20% of the line: the whole probe decides
+    (100, 110, 36, "fp32"),  # slower, within 20% of the line
+    (100, 120, 20, "fp32"),  # slower by over 20% past the line: decided early
+    (100, 200, 20, "fp32"),
+])  # fmt: skip
+def test_the_probe_decides_early_only_far_from_its_line(fp32_ms, bf16_ms, step, chosen):
+    from slipstream_rec.training.precision import PrecisionProbe
+
+    probe = PrecisionProbe(steps=16, min_gain=0.05)
+    assert [s for s in range(1, 40) if probe.checks(s)] == [20, 28]  # turns' ends, not the last step
+    at, (got, why) = _walk(probe, fp32_ms, bf16_ms)
+    assert (at, got) == (step, Precision(chosen)) and probe.ended == at and probe.chosen is got
+    each = 8 if step == 20 else 16
+    assert probe.record["steps_each"] == each and f"median of {each} steps each" in why
+    assert ("decided before the probe's 16" in why) is (step == 20)
+    # the decision's step was the probe's (a host wait on a GPU), the next one is not; nothing
+    # is checked or timed once it is decided
+    assert probe.probed(at) and not probe.probed(at + 1) and not probe.checks(28)
+    assert probe.candidate(at + 1) is None
+
+
+def test_the_early_rule_at_its_edges():
+    from slipstream_rec.training.precision import PROBE_EARLY, PrecisionProbe
+
+    line = 0.100 * (1 - 0.05)  # bf16 pays at fp32's step less the margin
+    for bf16_s, chosen in [
+        (line / (1 + PROBE_EARLY) * (1 - 1e-9), Precision.bf16), (line / (1 + PROBE_EARLY) * (1 + 1e-9), None),
+        (line * (1 + PROBE_EARLY) * (1 + 1e-9), Precision.fp32), (line * (1 + PROBE_EARLY) * (1 - 1e-9), None),
+    ]:  # fmt: skip
+        probe = PrecisionProbe(steps=16, min_gain=0.05)
+        got = probe.early(0.100, bf16_s)
+        assert (got and got[0]) == chosen and probe.chosen == chosen, bf16_s
+
+
+def test_an_early_decision_round_trips_and_an_older_state_resumes():
+    from slipstream_rec.training.precision import PrecisionProbe
+
+    probe = PrecisionProbe(steps=16, min_gain=0.05)
+    _walk(probe, 100, 50)
+    again = PrecisionProbe(steps=16, min_gain=0.05)
+    again.load_state_dict(probe.state_dict())
+    assert (again.chosen, again.ended, again.record) == (probe.chosen, 20, probe.record)
+    older = {k: v for k, v in probe.state_dict().items() if k != "ended"}
+    again = PrecisionProbe(steps=16, min_gain=0.05)
+    again.load_state_dict(older)
+    assert again.ended == again.last_step  # decided then at its last step
+
+
 def _probe_agrees(env, times):
     from slipstream_rec.training.precision import PrecisionProbe
 
@@ -159,6 +225,27 @@ def test_the_ranks_decide_on_the_slowest_ranks_medians():
     (p0, why0), (p1, why1) = run_workers(_probe_agrees, 2, times=times)
     assert p0 is p1 is Precision.fp32 and why0 == why1
     assert "bf16 196.0 ms" in why0 and "fp32 200.0 ms" in why0
+
+
+def _probe_checks(env, times):
+    from slipstream_rec.training.precision import PrecisionProbe
+
+    probe = PrecisionProbe(steps=16, min_gain=0.05)
+    probe.times = times[env.rank]
+    return probe.agree_and_decide(early=True), probe.chosen
+
+
+def test_an_early_decision_is_the_ranks_agreement_too():
+    from tests.dist_harness import run_workers
+
+    # rank 0 finds bf16 twice as fast, rank 1 (the slower step) 16% faster: within 20% of the
+    # line on the slowest rank's figures, so neither rank decides early
+    times = [{"fp32": [0.10] * 8, "bf16": [0.05] * 8}, {"fp32": [0.20] * 8, "bf16": [0.168] * 8}]
+    assert run_workers(_probe_checks, 2, times=times) == [(None, None), (None, None)]
+    # both far past it: both decide, on the same figures
+    times[1]["bf16"] = [0.12] * 8
+    (d0, c0), (d1, c1) = run_workers(_probe_checks, 2, times=times)
+    assert c0 is c1 is Precision.bf16 and d0 == d1 and "bf16 120.0 ms" in d0[1] and "median of 8 steps" in d0[1]
 
 
 def test_the_pipeline_switches_precision_between_steps():
