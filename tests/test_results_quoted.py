@@ -1054,6 +1054,7 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (cd9c767, dim 16 over 200mbit) | link |", ["network_gather_3seeds_dim16_200mbit"]),
     ("| seed (cd9c767, dim 128, unshaped, alternating) | link |", ["network_alternate_unshaped_dim128"]),
     ("| seed (e85e84f, dim 16 over 200mbit) | link |", ["network_recheck_cut_dim16_200mbit"]),
+    ("| seed (e85e84f, dim 16 over 200mbit, seeds 3-5) | link |", ["network_recheck_cut_seeds3to5_dim16_200mbit"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
@@ -1081,9 +1082,12 @@ def test_the_recheck_cut_short_over_200mbit_is_quoted():
     """Which re-checks were cut short, the served shares and Slipstream's seconds by part that
     docs/results/serve.md's section on e85e84f quotes."""
     runs = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_recheck_cut_dim16_200mbit.json").read_text())["runs"]}
-    mine = [runs[("defaults", s)] for s in range(3)]
-    cut = ["cuts the window short" in r["serve_lever"]["decisions"][1]["reason"] for r in mine]
-    assert cut == [False, False, True]
+    more = json.loads((RESULTS / "network_recheck_cut_seeds3to5_dim16_200mbit.json").read_text())["runs"]
+    runs.update({(r["job"], r["seed"]): r for r in more})
+    every = [runs[("defaults", s)] for s in range(6)]
+    cut = ["cuts the window short" in r["serve_lever"]["decisions"][1]["reason"] for r in every]
+    assert cut == [False, False, True, True, False, True]
+    mine = every[:3]
     text = Path(ROOT / "docs/results/serve.md").read_text()
     section = text[text.index("## A re-check cut short where serving wins by far (e85e84f)"):]
     section = section[:10 + re.search(r"\n#{1,2} ", section[10:]).start()]
@@ -1094,6 +1098,15 @@ def test_the_recheck_cut_short_over_200mbit_is_quoted():
     quoted = (f"the replica's syncs {parts['sync_seconds']:.2f} s, the pushes {parts['push_seconds']:.2f} s, "
               f"snapshots {parts['snapshot_seconds']:.2f} s")  # fmt: skip
     assert quoted in section and f"the host split {parts['serve_seconds']:.2f} s" in section
+    # the six seeds by whether the re-check was cut: served shares and embedding bytes, ranges
+    def span(values, fmt):
+        return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+    for was_cut, words in [(True, "served {}, **{} of `off`'s embedding bytes**"), (False, "served {}, {}")]:
+        runs_cut = [(s, r) for s, (r, c) in enumerate(zip(every, cut)) if c is was_cut]
+        served_range = span([r["served_fraction"] for _, r in runs_cut], ".3f")
+        ratio = span([_embedding_on_wire(r) / _embedding_on_wire(runs[("off", s)]) for s, r in runs_cut], ".3f")
+        assert words.format(served_range, ratio) in section, (served_range, ratio)
 
 
 def test_the_noise_floor_tables_quote_their_runs():
