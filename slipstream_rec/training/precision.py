@@ -113,12 +113,19 @@ class PrecisionProbe:
     min_gain: float  # trainer.precision_min_gain
     times: Dict[str, List[float]] = field(default_factory=lambda: {"fp32": [], "bf16": []})
     chosen: Optional[Precision] = None  # None: still probing
-    ended: Optional[int] = None  # the step the probe decided at (``last_step`` or a turn's end)
     record: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def last_step(self) -> int:
         return PROBE_START + 2 * self.steps
+
+    @property
+    def ended(self) -> Optional[int]:
+        """The step the probe decided at (``last_step`` or a turn's end; None: still probing):
+        every step after ``PROBE_START`` until then was timed, one time each."""
+        if self.chosen is None:
+            return None
+        return PROBE_START + len(self.times["fp32"]) + len(self.times["bf16"])
 
     def checks(self, step: int) -> bool:
         """Whether the probe may decide early after ``step``: the end of a turn (a block of each
@@ -188,19 +195,13 @@ class PrecisionProbe:
         """Time step ``step``, which began at ``start`` (perf_counter), if it is a probe step; at
         the probe's last step the decision, at a turn's end (``checks``) one if it is clear
         (collective at both: all ranks, the same step)."""
-        checks = self.checks(step)
         if self.candidate(step) is not None:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # probe steps only: the kernels' time too
             self.observe(step, time.perf_counter() - start)
-        decided = None
-        if step == self.last_step and self.chosen is None:
-            decided = self.agree_and_decide()
-        elif checks:
-            decided = self.agree_and_decide(early=True)
-        if decided is not None:
-            self.ended = step
-        return decided
+        if step == self.last_step:
+            return self.agree_and_decide()
+        return self.agree_and_decide(early=True) if self.checks(step) else None
 
     def agree_and_decide(self, early: bool = False) -> Optional[Tuple[Precision, str]]:
         """The slowest rank's medians, then ``decide`` (at ``last_step``) or ``early`` (at a
@@ -211,12 +212,10 @@ class PrecisionProbe:
         return self.early(fp32_s, bf16_s) if early else self.decide(fp32_s, bf16_s)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"times": {k: list(v) for k, v in self.times.items()}, "ended": self.ended,
+        return {"times": {k: list(v) for k, v in self.times.items()},
                 "chosen": None if self.chosen is None else self.chosen.value, "record": dict(self.record)}  # fmt: skip
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.times = {k: list(v) for k, v in state["times"].items()}
         self.chosen = None if state["chosen"] is None else Precision(state["chosen"])
         self.record = dict(state["record"])
-        # (a checkpoint from before early decisions: a decided probe ran to its last step)
-        self.ended = state.get("ended", self.last_step if self.chosen is not None else None)

@@ -201,9 +201,11 @@ def test_an_early_decision_round_trips_and_an_older_state_resumes():
     again = PrecisionProbe(steps=16, min_gain=0.05)
     again.load_state_dict(probe.state_dict())
     assert (again.chosen, again.ended, again.record) == (probe.chosen, 20, probe.record)
-    older = {k: v for k, v in probe.state_dict().items() if k != "ended"}
+    # a checkpoint from before early decisions: its probe ran every step, and ended at its last
+    older = PrecisionProbe(steps=16, min_gain=0.05)
+    _walk(older, 100, 82)
     again = PrecisionProbe(steps=16, min_gain=0.05)
-    again.load_state_dict(older)
+    again.load_state_dict(older.state_dict())
     assert again.ended == again.last_step  # decided then at its last step
 
 
