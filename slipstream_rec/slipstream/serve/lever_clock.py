@@ -2,7 +2,7 @@
 
 ``WindowClock`` times a window on the trainer's clock from a mark every rank shares and agrees on
 the slowest rank's seconds per step; ``lever_window_step`` runs after every step on every rank:
-it marks the timed part of a window, checks a window on trial a quarter of the way in, feeds the
+it marks the timed part of a window, checks a window on trial part of the way in, feeds the
 rule at a window's end, and applies what the rule decides (``_switch``: the replica rebuilt or
 emptied, counting on or off, a re-basing snapshot).
 """
@@ -89,14 +89,15 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
         clock.mark(step, stats.tracking_seconds(ctl))
     least = max(1, math.ceil(MIN_TIMED * lever.window))
     if not sched.window_end(step):
-        # A window on trial (serving, or without it) is checked once, ``least`` steps after its
-        # mark (a step every rank shares), and may end there.
-        if lever.cuts_short and clock.marked and step == clock.mark_step + least:
+        # A window on trial (serving, or without it) is checked at its checks' steps after its
+        # mark (steps every rank shares), and may end there.
+        checked = step - clock.mark_step
+        if lever.cuts_short and clock.marked and checked in lever.checks:
             clock.checked = step
             with timed(ctl.seconds, "lever"):
-                measured = clock.measure(step, lever.timing_serving, stats.tracking_seconds(ctl), ctl.count_control, least)
+                measured = clock.measure(step, lever.timing_serving, stats.tracking_seconds(ctl), ctl.count_control, checked)
                 before = lever.state
-                after = lever.early_end(step, measured, least)
+                after = lever.early_end(step, measured, checked)
                 if after is not None:
                     clock.reset()
                     _switch(ctl, before, after, step)

@@ -3,7 +3,9 @@ with serving is measurably faster than one without; otherwise stand down and loo
 
 import pytest
 
-from slipstream_rec.slipstream.serve.lever import LeverState, ServeLever, look_windows, window_loss, window_steps
+from slipstream_rec.slipstream.serve.lever import (
+    LeverState, ServeLever, early_checks, look_windows, window_loss, window_steps,
+)  # fmt: skip
 
 S = LeverState
 
@@ -172,8 +174,14 @@ def test_windows_hold_whole_snapshot_intervals(requested, interval, expected):
     assert window_steps(requested, interval) == expected
 
 
+def test_a_trial_is_checked_at_a_quarter_and_at_half_its_steps_nearer_the_line_the_later():
+    assert early_checks(50) == {13: 0.10, 25: 0.05} and early_checks(40) == {10: 0.10, 20: 0.05}
+    assert early_checks(2) == {1: 0.10}  # a window too short for two checks: the later margin never cuts
+    assert lever().checks == early_checks(50)
+
+
 def test_a_window_serving_that_clearly_loses_is_cut_short():
-    from slipstream_rec.slipstream.serve.lever import EARLY_LOSS
+    EARLY_LOSS = 0.10  # the quarter's margin (13 steps of 50)
 
     lv = lever()
     # no figure without serving yet, or not a window serving: nothing to cut
@@ -201,7 +209,7 @@ def test_a_window_serving_that_clearly_loses_is_cut_short():
 
 
 def test_a_recheck_without_serving_where_serving_clearly_wins_is_cut_short():
-    from slipstream_rec.slipstream.serve.lever import EARLY_LOSS
+    EARLY_LOSS = 0.10  # the quarter's margin (13 steps of 50)
 
     lv = lever(recheck=2)
     walk(lv, [None, 0.030, 0.040])  # probe_on, probe_off: serving
@@ -226,6 +234,32 @@ def test_a_recheck_without_serving_where_serving_clearly_wins_is_cut_short():
     lv = lever()
     walk(lv, [None, 0.030])
     assert lv.state is S.probe_off and lv.early_end(213, 0.040, 13) is S.serving
+
+
+def test_half_a_window_on_trial_cuts_it_nearer_the_line_than_a_quarter():
+    # a trial serving 8% past the line (40 ms without less 2%): on at the quarter, cut at half
+    lv = lever()
+    walk(lv, [0.040])
+    past = 0.040 * 0.98 * 1.08
+    assert lv.early_end(113, past, 13) is None and lv.state is S.probe_on
+    assert lv.early_end(125, 0.040 * 0.98 * 1.05, 25) is None and lv.state is S.probe_on  # at its edge
+    assert lv.early_end(125, past, 25) is S.down and lv.entered == 125
+    assert lv.decisions[-1]["reason"].startswith("after 25 steps serving, 5% past the line cuts the window short")
+    # a re-check where serving wins 8% past the line (30 ms serving over 0.98, 8% more)
+    lv = lever(recheck=2)
+    walk(lv, [None, 0.030, 0.040, 0.030, 0.030])
+    assert lv.state is S.probe_off
+    past = 0.030 * 1.08 / 0.98
+    assert lv.early_end(363, past, 13) is None and lv.state is S.probe_off
+    assert lv.early_end(375, 0.030 * 1.05 / 0.98 * (1 - 1e-9), 25) is None and lv.state is S.probe_off
+    assert lv.early_end(375, past, 25) is S.serving and lv.entered == 375 and lv.span == 4
+    rec = lv.decisions[-1]
+    assert (rec["from"], rec["to"], rec["standing_down_ms_per_step"]) == ("probe_off", "serving", round(1e3 * past, 3))
+    assert rec["reason"].startswith("after 25 steps without serving, 5% past the line cuts the window short")
+    # within 5% of the line, the whole window decides
+    lv = lever()
+    walk(lv, [0.040])
+    assert lv.early_end(125, 0.040 * 0.98 * 1.04, 25) is None and lv.window_end(150, 0.040 * 0.98 * 1.04, True) is S.down
 
 
 def test_a_slow_trial_window_does_not_set_the_recheck_the_serving_windows_do():

@@ -76,7 +76,9 @@ def test_a_window_timed_over_too_few_steps_gives_no_figure():
 
 
 def test_the_controller_cuts_a_losing_window_serving_after_a_quarter_of_it():
-    for slower, decided in [(1.25, 85), (1.05, 120)]:  # a quarter of 50 steps: 13 after the mark (72)
+    # a quarter of 50 steps: 13 after the mark (72), half: 25 after it; past the line (0.4 s less
+    # 2%) by over 10% at the quarter, by over 5% at half, else at the window's end
+    for slower, decided, checked in [(1.25, 85, 85), (1.05, 97, 97), (1.02, 120, 97)]:
         lv, clock = lever(), _Clock()
         ctl = _controller(lv, clock)
         clock.tracker = ctl.tracker
@@ -89,14 +91,15 @@ def test_the_controller_cuts_a_losing_window_serving_after_a_quarter_of_it():
             if lv.state is S.down:
                 break
         assert lv.state is S.down and lv.decisions[-1]["step"] == decided == n
-        assert ctl.window_clock.checked == 85  # checked once, cut or not: a lever step
+        assert ctl.window_clock.checked == checked  # its last check, cut or not: a lever step
         assert lv.on_s == pytest.approx(0.4 * slower) and ctl.plan.paused and ctl.rebuilt[-1] == decided
 
 
 def test_the_controller_cuts_a_recheck_without_serving_short_by_the_step_less_the_tracking():
     # serving decided at step 120 (0.3 s a step against 0.4), re-checked by the window 270-320;
     # its steps take 0.5 s, of which `tracking` is Slipstream's (counted, taken out)
-    for tracking, decided, to in [(0.0, 285, S.serving), (0.2, 320, S.down)]:
+    # (0.17: 0.33 s less the tracking, 7.8% past serving's 0.3 s over 0.98: cut at half, not at the quarter)
+    for tracking, decided, to in [(0.0, 285, S.serving), (0.17, 297, S.serving), (0.2, 320, S.down)]:
         lv, clock = lever(), _Clock()
         ctl = _controller(lv, clock)
         clock.tracker = ctl.tracker
@@ -112,9 +115,11 @@ def test_the_controller_cuts_a_recheck_without_serving_short_by_the_step_less_th
             if lv.decisions and lv.decisions[-1]["step"] == n and n > 270:
                 break
         assert [d["to"] for d in lv.decisions] == ["serving", to.value] and n == decided
-        assert ctl.window_clock.checked == 285  # 13 steps after the re-check's mark (272)
-        # without serving less its tracking: 0.5 s (past the line: cut, serving resumes and the
-        # replica is rebuilt there) or 0.3 s (not past it: runs on, and serving no longer pays)
+        # 13 steps after the re-check's mark (272), then 25 where the quarter did not cut
+        assert ctl.window_clock.checked == min(decided, 297)
+        # without serving less its tracking: 0.5 s (far past the line: cut at the quarter, serving
+        # resumes and the replica is rebuilt there), 0.33 s (nearer it: cut at half) or 0.3 s
+        # (not past it: runs on, and serving no longer pays)
         # (to the lever's own real microseconds, which count as Slipstream's work)
         assert lv.off_s == pytest.approx(0.5 - tracking, abs=1e-4)
-        assert (ctl.rebuilt[-1] == 285 and not ctl.plan.paused) if to is S.serving else ctl.plan.paused
+        assert (ctl.rebuilt[-1] == decided and not ctl.plan.paused) if to is S.serving else ctl.plan.paused
