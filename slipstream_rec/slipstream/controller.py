@@ -90,7 +90,7 @@ class SlipstreamController:
         self.plan = self.server.plan
         self.lever = ServeLever.from_config(cfg)
         self.window_clock = WindowClock()  # its clock is the trainer's (``bind``)
-        self.timed_from = 0  # the first step the lever may time (``bind``)
+        self._timed_from: Callable[[], int] = lambda: 0  # the first step the lever may time (``bind``)
         self.schedule = Schedule.from_config(cfg, self.lever.window if self.lever.auto else 0, SETTLE_STEPS)
         self.threshold = StaleThreshold(cfg, index, rows, self.is_rank0)
         self.tracker.meter = self.threshold.meter = self.count_tracking  # their gathers' bytes
@@ -113,14 +113,22 @@ class SlipstreamController:
         self.seconds = {"classify": 0.0, "snapshot": 0.0, "sync": 0.0, "lever": 0.0}
         self.tracker.set_counting(self.schedule.counts(1))
 
-    def bind(self, scorer: Callable[[Batch], torch.Tensor], clock: Callable[[], float], timed_from: int = 0) -> None:
+    def bind(
+        self, scorer: Callable[[Batch], torch.Tensor], clock: Callable[[], float],
+        timed_from: Callable[[], int] = lambda: 0,
+    ) -> None:  # fmt: skip
         """The trainer's scoring forward (the quality check's: a collective, no grad), clock
         (training seconds with the device's queue drained: the lever's windows) and the first
         step whose time the lever may use (the steps before it time something of the trainer's:
-        the precision probe)."""
+        the precision probe; read after every step, since the probe may end early)."""
         self.quality.scorer = scorer
         self.window_clock.clock = clock
-        self.timed_from = int(timed_from)
+        self._timed_from = timed_from
+
+    @property
+    def timed_from(self) -> int:
+        """The first step whose time the lever may use (``bind``), as the trainer knows it now."""
+        return int(self._timed_from())
 
     def target_skip_fraction(self) -> Optional[float]:
         """The current D, where the quality check has moved it; None for the policies that

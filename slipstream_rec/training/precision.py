@@ -136,10 +136,15 @@ class PrecisionProbe:
             and since % (2 * PROBE_BLOCK) == 0
         )  # fmt: skip
 
+    @property
+    def last_probed(self) -> int:
+        """The probe's last timed step: the step it decided at, or, still probing, its last."""
+        return self.ended if self.ended is not None else self.last_step
+
     def probed(self, step: int) -> bool:
         """Whether step ``step`` was (or is) one of the probe's timed steps, its decision's
         included: on a GPU each ends with a host wait (the sync audit's ``probe`` steps)."""
-        return PROBE_START < step <= (self.ended if self.ended is not None else self.last_step)
+        return PROBE_START < step <= self.last_probed
 
     def candidate(self, step: int) -> Optional[str]:
         """The precision step ``step`` (1-based) runs in while probing; None outside the probe."""

@@ -75,9 +75,7 @@ class Trainer:
         self.faults = FaultInjector.from_env(env.rank)
         # the node's interface counter over the training steps (summary.json's wire)
         self.wire = WireMeter.from_config(cfg.wire_interface, env.local_rank)
-        # the lever times no step of the precision probe's (fp32 and bf16 in turns)
-        probe_end = self.precision_probe.last_step if self.precision_probe is not None else 0
-        slipstream.bind(scorer=self.score, clock=self.clock.drained, timed_from=probe_end + 1)
+        slipstream.bind(scorer=self.score, clock=self.clock.drained, timed_from=self.lever_timed_from)
         # trainer.sync_audit: count the ops of each step that would wait for a GPU (sync_audit.py)
         self.audit = SyncAudit.for_run(model, self.pipeline, env.device) if cfg.sync_audit else None
         # trainer.profile_steps: a torch.profiler trace of steps from the middle of the run
@@ -88,6 +86,13 @@ class Trainer:
         if isinstance(self.pipeline, TimedTrainPipelineSparseDist):  # the base pipeline has no hook
             task = getattr(model, "module", model)
             self.pipeline.on_backward = lambda: slipstream.on_backward(task)
+
+    def lever_timed_from(self) -> int:
+        """The first step the serve lever may time: none of the precision probe's (fp32 and bf16
+        in turns), up to the step it decided at. Read after every step: an early decision frees
+        the steps after it."""
+        probe = self.precision_probe
+        return probe.last_probed + 1 if probe is not None else 1
 
     @torch.no_grad()
     def score(self, batch: Any) -> torch.Tensor:

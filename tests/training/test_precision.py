@@ -193,6 +193,25 @@ def test_the_early_rule_at_its_edges():
         assert (got and got[0]) == chosen and probe.chosen == chosen, bf16_s
 
 
+def test_the_last_probed_step_is_where_the_probe_decided():
+    # what the serve lever's timing starts after (the trainer's bind): the planned end while
+    # probing, the decision's step once decided, early or not
+    from slipstream_rec.training.precision import PrecisionProbe
+
+    from types import SimpleNamespace
+
+    from slipstream_rec.training.trainer import Trainer
+
+    probe = PrecisionProbe(steps=16, min_gain=0.05)
+    trainer = SimpleNamespace(precision_probe=probe)
+    assert probe.last_probed == probe.last_step == 36 and Trainer.lever_timed_from(trainer) == 37  # type: ignore[arg-type]
+    assert _walk(probe, 100, 50)[0] == 20 == probe.last_probed
+    assert probe.probed(20) and not probe.probed(21) and Trainer.lever_timed_from(trainer) == 21  # type: ignore[arg-type]
+    assert Trainer.lever_timed_from(SimpleNamespace(precision_probe=None)) == 1  # type: ignore[arg-type]
+    probe = PrecisionProbe(steps=16, min_gain=0.05)
+    assert _walk(probe, 100, 90)[0] == 36 == probe.last_probed
+
+
 def test_an_early_decision_round_trips_and_an_older_state_resumes():
     from slipstream_rec.training.precision import PrecisionProbe
 

@@ -24,9 +24,10 @@ class _Clock:
     def __init__(self):
         self.now = 0.0
         self.tracker = None
+        self.probe_until = 36  # the probe's last step
 
     def step(self, n):
-        self.now += 1.0 if n <= 36 else 0.5
+        self.now += 1.0 if n <= self.probe_until else 0.5
         if n <= 70:
             self.tracker.count_seconds += 0.1
 
@@ -64,6 +65,38 @@ def test_the_lever_times_no_step_of_the_trainers_precision_probe():
         clock.step(n)
         lever_window_step(ctl, n)
     assert lv.state is S.down and lv.on_s == pytest.approx(0.5)  # (0.5 is not 2% faster than 0.4)
+
+
+def test_the_lever_times_from_where_the_precision_probe_decided_early():
+    # the probe planned to time steps 5-36 and decided at step 28: the steps after it are the
+    # run's own (0.5 s, 0.1 of it tracking), timed from a mark after step 28, not step 36
+    lv, clock = lever(), _Clock()
+    clock.probe_until = 28
+    ctl = _controller(lv, clock)
+    clock.tracker = ctl.tracker
+    for n in range(1, 71):
+        clock.step(n)
+        ctl.server.rows = int(n >= 70)
+        if n == 28:
+            ctl.timed_from = 29  # the trainer's bind reads the probe's end after every step
+        lever_window_step(ctl, n)
+        if n == 30:
+            assert ctl.window_clock.mark_step == 28
+    assert lv.state is S.probe_on and lv.off_s == pytest.approx(0.4)
+
+
+def test_the_controller_reads_the_first_timed_step_after_every_step():
+    from torch import nn
+
+    from slipstream_rec.slipstream.config import SlipstreamConfig
+    from slipstream_rec.slipstream.controller import SlipstreamController
+
+    ctl = SlipstreamController(SlipstreamConfig(), nn.Linear(1, 1), ["a"], [10], 4, seed=0, rank=0)
+    end = [36]
+    ctl.bind(scorer=lambda b: b, clock=lambda: 0.0, timed_from=lambda: end[0] + 1)
+    assert ctl.timed_from == 37
+    end[0] = 28  # the trainer's probe decided early
+    assert ctl.timed_from == 29
 
 
 def test_a_window_timed_over_too_few_steps_gives_no_figure():
