@@ -1055,6 +1055,8 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (cd9c767, dim 128, unshaped, alternating) | link |", ["network_alternate_unshaped_dim128"]),
     ("| seed (e85e84f, dim 16 over 200mbit) | link |", ["network_recheck_cut_dim16_200mbit"]),
     ("| seed (e85e84f, dim 16 over 200mbit, seeds 3-5) | link |", ["network_recheck_cut_seeds3to5_dim16_200mbit"]),
+    ("| seed (a61cf5e, dim 16 over 200mbit) | link |", ["network_halfcheck_dim16_200mbit"]),
+    ("| seed (081d985, dim 16 over 200mbit, seeds 3-5) | link |", ["network_halfcheck_seeds3to5_dim16_200mbit"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
@@ -1228,3 +1230,40 @@ def test_the_serving_start_side_by_side_quotes_its_run():
             f"{_embedding_on_wire(before):.0f} against {_embedding_on_wire(now):.0f} bytes a sample of embedding side "
             f"on the wire, Slipstream's own work {spent[0]:.1f} s against {spent[1]:.1f} s, test AUC "
             f"{before['test_auc']:.5f} against {now['test_auc']:.5f}") in text
+
+
+def test_the_half_window_checks_over_200mbit_are_quoted():
+    """Where each of the six re-checks was cut (a quarter or half of its window), the served
+    shares, embedding bytes and serving's gain at the cut that docs/results/serve.md's section
+    on a61cf5e quotes."""
+    runs: Dict[Tuple[str, int], Dict] = {}
+    for name in ["network_halfcheck_dim16_200mbit", "network_halfcheck_seeds3to5_dim16_200mbit"]:
+        runs.update({(r["job"], r["seed"]): r for r in json.loads((RESULTS / f"{name}.json").read_text())["runs"]})
+    every = [runs[("defaults", s)] for s in range(6)]
+    recheck = [r["serve_lever"]["decisions"][1] for r in every]
+    at = [int(re.match(r"after (\d+) steps without serving, \d+% past the line cuts", d["reason"]).group(1)) for d in recheck]
+    assert at == [20, 10, 10, 20, 10, 10]
+    text = Path(ROOT / "docs/results/serve.md").read_text()
+    section = text[text.index("## Re-checks checked at half their window too (a61cf5e)"):]
+    section = section[:10 + re.search(r"\n#{1,2} ", section[10:]).start()]
+    section = " ".join(section.split())
+
+    def span(values, fmt):
+        return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+    def faster(d):
+        return 100 * (1 - d["serving_ms_per_step"] / d["standing_down_ms_per_step"])
+
+    quarter = [s for s in range(6) if at[s] == 10]
+    half = [s for s in range(6) if at[s] == 20]
+    ratio = {s: _embedding_on_wire(every[s]) / _embedding_on_wire(runs[("off", s)]) for s in range(6)}
+    assert (f"serving {span([faster(recheck[s]) for s in quarter], '.1f')}% faster over the quarter's 10 steps; "
+            f"served {span([every[s]['served_fraction'] for s in quarter], '.3f')}, "
+            f"**{span([ratio[s] for s in quarter], '.3f')} of `off`'s embedding bytes**") in section
+    assert len({f"{every[s]['served_fraction']:.3f}" for s in half}) == 1  # quoted once for both
+    assert (f"{faster(recheck[half[0]]):.1f}% and {faster(recheck[half[1]]):.1f}% faster over 20 steps" in section
+            and f"served {every[half[0]]['served_fraction']:.3f}, {span([ratio[s] for s in half], '.3f')}" in section)
+    speed = [runs[("off", s)]["train_seconds"] / every[s]["train_seconds"] for s in range(6)]
+    assert f"**Time: {span(speed, '.3f')}x `off`**" in section
+    d_auc = [every[s]["test_auc"] - runs[("off", s)]["test_auc"] for s in range(6)]
+    assert f"Paired test AUC {max(d_auc):+.4f} to {min(d_auc):+.4f}" in section
