@@ -115,15 +115,17 @@ class SlipstreamController:
 
     def bind(
         self, scorer: Callable[[Batch], torch.Tensor], clock: Callable[[], float],
-        timed_from: Callable[[], int] = lambda: 0,
+        timed_from: Callable[[], int] = lambda: 0, last_step: Optional[int] = None,
     ) -> None:  # fmt: skip
         """The trainer's scoring forward (the quality check's: a collective, no grad), clock
-        (training seconds with the device's queue drained: the lever's windows) and the first
+        (training seconds with the device's queue drained: the lever's windows), the first
         step whose time the lever may use (the steps before it time something of the trainer's:
-        the precision probe; read after every step, since the probe may end early)."""
+        the precision probe; read after every step, since the probe may end early) and the
+        run's planned last step (the lever's looks need steps after them; None: unknown)."""
         self.quality.scorer = scorer
         self.window_clock.clock = clock
         self._timed_from = timed_from
+        self.lever.last_step = last_step
 
     @property
     def timed_from(self) -> int:

@@ -75,7 +75,9 @@ class Trainer:
         self.faults = FaultInjector.from_env(env.rank)
         # the node's interface counter over the training steps (summary.json's wire)
         self.wire = WireMeter.from_config(cfg.wire_interface, env.local_rank)
-        slipstream.bind(scorer=self.score, clock=self.clock.drained, timed_from=self.lever_timed_from)
+        slipstream.bind(
+            scorer=self.score, clock=self.clock.drained, timed_from=self.lever_timed_from, last_step=self.total_steps()
+        )
         # trainer.sync_audit: count the ops of each step that would wait for a GPU (sync_audit.py)
         self.audit = SyncAudit.for_run(model, self.pipeline, env.device) if cfg.sync_audit else None
         # trainer.profile_steps: a torch.profiler trace of steps from the middle of the run

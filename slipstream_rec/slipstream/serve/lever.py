@@ -35,7 +35,11 @@ decision doubles the windows until the next (``span``); one that reverses it sta
 least 49 windows (``look_windows``): the further apart the two figures, the rarer the look.
 The decision prices that wait from its two figures; every window of the decided state prices it
 again from the mean of the state's own windows (``_rebudget``), so that one noisy trial window
-does not set it for the rest of the run.
+does not set it for the rest of the run. And a look needs as many steps after it as before it:
+where the run's steps left after the look's window (``last_step``, the trainer's plan) are fewer
+than the budget's wait, its window would cost more than ``serve_look_budget`` of the steps it
+could act on, and the decided state holds to the end (``final``, recorded once): the longest
+stretch a change goes unseen grows from one wait to under two.
 Each decision, its two figures and its reason is a record (``decisions``). A window on trial
 (``probe_on``, ``probe_off``) whose other figure is known is also measured part of the way in
 (``EARLY_CHECKS``: a quarter, then half): where the state it times already loses by that
@@ -152,8 +156,11 @@ class ServeLever:
     span: int = 0  # windows of the decided state before its next re-check (0: recheck_windows)
     base: int = 0  # the span from the re-checks alone (recheck_windows, doubled per confirmation)
     state_s: float = 0.0  # the sum of the decided state's window figures (seconds per step)
+    last_step: Optional[int] = None  # the run's last step (the trainer's plan; None: unknown)
+    final: bool = False  # the decided state holds to the run's end: too few steps left for a look
     entered: int = 0  # the step the current state began
     decisions: List[Dict[str, Any]] = field(default_factory=list)
+    loss: float = 0.0  # a window in the losing state's extra time, as a share of a window (``_rebudget``)
     _new: List[Dict[str, Any]] = field(default_factory=list)  # not yet taken by the log
 
     @property
@@ -266,20 +273,18 @@ class ServeLever:
             self._decide(step, before)
         elif s is LeverState.serving:
             self.on_s = seconds_per_step
-            self._rebudget(seconds_per_step)
-            if self.since >= (self.span or self.recheck_windows):
+            if self._rebudget(seconds_per_step) and self._steps_left_for_a_look(step):
                 self.state = LeverState.probe_off
         elif s is LeverState.down:
             self.off_s = seconds_per_step
-            self._rebudget(seconds_per_step)
-            if self.since >= (self.span or self.recheck_windows):
+            if self._rebudget(seconds_per_step) and self._steps_left_for_a_look(step):
                 self.state = LeverState.looking
         if self.state is before:
             return None
         self.entered, self.since, self.state_s = step, 0, 0.0
         return self.state
 
-    def _rebudget(self, seconds_per_step: float) -> None:
+    def _rebudget(self, seconds_per_step: float) -> bool:
         """A window of the decided state (serving, down) measured ``seconds_per_step``: the wait
         before the re-check follows the mean of the state's windows so far, held against the
         other state's last figure. The decision priced the re-check from one window (serving on
@@ -292,7 +297,29 @@ class ServeLever:
         mean = self.state_s / self.since
         on, off = (mean, self.off_s) if self.state is LeverState.serving else (self.on_s, mean)
         assert on is not None and off is not None, "a decided state holds both figures"
-        self.span = max(self.base or self.recheck_windows, look_windows(window_loss(on, off), self.look_budget))
+        self.loss = window_loss(on, off)
+        self.span = max(self.base or self.recheck_windows, look_windows(self.loss, self.look_budget))
+        return self.since >= self.span  # the wait is over: a look is due
+
+    def _steps_left_for_a_look(self, step: int) -> bool:
+        """Whether a look due after ``step`` (a window in the losing state, ``loss`` of a window
+        slower) leaves steps enough after it to act on: at least the budget's wait for that cost
+        (``look_windows``), as before it. Where it does not, the decided state holds to the run's
+        end, recorded once (``final``). Unknown run length: always."""
+        if self.last_step is None:
+            return True
+        left = self.last_step - step - self.window
+        needed = look_windows(self.loss, self.look_budget) * self.window
+        if left >= needed:
+            return True
+        if not self.final:
+            self.final = True
+            what = "re-check" if self.state is LeverState.serving else "look"
+            self._record(step, self.state, f"no {what}: {max(0, left)} steps would be left after its window, fewer "
+                                           f"than the {needed} that keep its cost (a window {100 * self.loss:.0f}% "
+                                           f"slower) within {100 * self.look_budget:g}% of them: "
+                                           f"{self.state.value} to the run's end")  # fmt: skip
+        return False
 
     def _decide(self, step: int, before: LeverState, early: str = "") -> None:
         assert self.on_s is not None and self.off_s is not None
@@ -346,10 +373,11 @@ class ServeLever:
             "min_gain": self.min_gain,
             "serving_ms_per_step": _ms(self.on_s),
             "standing_down_ms_per_step": _ms(self.off_s),
-            # where serving or standing down is re-checked next (None: in no decided state)
+            # where serving or standing down is re-checked next (None: in no decided state, or
+            # held to the run's end)
             "recheck_at_step": (
                 self.entered + (self.span or self.recheck_windows) * self.window
-                if self.auto and self.state in (LeverState.serving, LeverState.down) else None
+                if self.auto and self.state in (LeverState.serving, LeverState.down) and not self.final else None
             ),
             "decisions": list(self.decisions),
         }
@@ -358,7 +386,7 @@ class ServeLever:
         return {
             "state": self.state.value, "on_s": self.on_s, "off_s": self.off_s, "since": self.since,
             "entered": self.entered, "span": self.span, "base": self.base, "state_s": self.state_s,
-            "decisions": list(self.decisions),
+            "final": self.final, "decisions": list(self.decisions),
         }  # fmt: skip
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -371,3 +399,4 @@ class ServeLever:
         last = self.on_s if self.state is LeverState.serving else self.off_s
         self.state_s = float(state.get("state_s", (last or 0.0) * self.since))
         self.decisions = list(state["decisions"])
+        self.final = bool(state.get("final", False))

@@ -112,6 +112,8 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
         after = lever.window_end(step, measured, ready=ctl.server.rows > 0)
         if after is not None:
             _switch(ctl, before, after, step)
+        elif ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:  # held to the end
+            logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])
 
 
 def _switch(ctl: "SlipstreamController", before: LeverState, after: LeverState, step: int) -> None:

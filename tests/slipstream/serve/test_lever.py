@@ -262,6 +262,38 @@ def test_half_a_window_on_trial_cuts_it_nearer_the_line_than_a_quarter():
     assert lv.early_end(125, 0.040 * 0.98 * 1.04, 25) is None and lv.window_end(150, 0.040 * 0.98 * 1.04, True) is S.down
 
 
+@pytest.mark.parametrize("last_step, looks", [(None, True), (2250, True), (2249, False)])
+def test_a_look_needs_as_many_steps_after_it_as_its_cost_is_priced_on(last_step, looks):
+    # serving 20% faster: a re-check window costs 20% of a window, so at a 1% budget it waits 20
+    # windows (1000 steps) after the decision at step 200, and needs as many after its window
+    lv = lever(recheck=2, look_budget=0.01, last_step=last_step)
+    walk(lv, [None, 0.010, 0.012])
+    states = walk(lv, [0.010] * 22, start=250)
+    if looks:  # (unknown run length, or 1000 steps left after the re-check's window at step 1200)
+        assert states[19] is S.probe_off and not lv.final
+        return
+    assert states == [S.serving] * 22 and lv.final and lv.summary()["recheck_at_step"] is None
+    held = [d for d in lv.decisions if d["from"] == d["to"]]
+    assert len(held) == 1 and held[0] is lv.decisions[-1] and held[0]["step"] == 1200  # recorded once
+    assert held[0]["reason"] == ("no re-check: 999 steps would be left after its window, fewer than the 1000 that "
+                                 "keep its cost (a window 20% slower) within 1% of them: serving to the run's end")
+    again = lever(recheck=2, look_budget=0.01, last_step=last_step)
+    again.load_state_dict(lv.state_dict())
+    assert again.final and again.summary()["recheck_at_step"] is None
+
+
+def test_a_look_after_standing_down_needs_steps_after_it_too():
+    # stood down where serving was 25% slower: a look waits 25 windows (due after step 1450) and
+    # needs 1250 steps after its window
+    for last_step, state in [(1450 + 50 + 1250, S.looking), (1450 + 50 + 1249, S.down)]:
+        lv = lever(recheck=2, look_budget=0.01, last_step=last_step)
+        walk(lv, [0.040, 0.050])
+        assert lv.state is S.down and lv.span == 25
+        assert walk(lv, [0.040] * 25, start=250)[-1] is state
+        assert lv.final is (state is S.down)
+    assert lv.decisions[-1]["reason"].startswith("no look: 1249 steps would be left after its window")
+
+
 def test_a_slow_trial_window_does_not_set_the_recheck_the_serving_windows_do():
     # The trial window carries the replica's first whole syncs: serving 0.0115 against 0.012
     # without prices a re-check window at 4% (5 windows at a 1% budget); the serving windows

@@ -93,8 +93,8 @@ def test_the_controller_reads_the_first_timed_step_after_every_step():
 
     ctl = SlipstreamController(SlipstreamConfig(), nn.Linear(1, 1), ["a"], [10], 4, seed=0, rank=0)
     end = [36]
-    ctl.bind(scorer=lambda b: b, clock=lambda: 0.0, timed_from=lambda: end[0] + 1)
-    assert ctl.timed_from == 37
+    ctl.bind(scorer=lambda b: b, clock=lambda: 0.0, timed_from=lambda: end[0] + 1, last_step=1000)
+    assert ctl.timed_from == 37 and ctl.lever.last_step == 1000  # (the lever's looks need steps after them)
     end[0] = 28  # the trainer's probe decided early
     assert ctl.timed_from == 29
 
