@@ -828,6 +828,8 @@ def _check_decisions(cell: str, decisions: List[Dict]) -> None:
     for decision, part in zip(decisions, quoted):
         assert part.startswith(f"step {decision['step']}: ")
         assert ("serve" if decision["to"] == "serving" else "stand down") in part
+        held = decision["from"] == decision["to"]  # no look: the state held to the run's end
+        assert held is ("to the end" in part) and held is decision["reason"].startswith("no "), (part, decision)
         _check(part.split("(")[1], [decision["serving_ms_per_step"], decision["standing_down_ms_per_step"]])
 
 
@@ -1057,6 +1059,7 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (e85e84f, dim 16 over 200mbit, seeds 3-5) | link |", ["network_recheck_cut_seeds3to5_dim16_200mbit"]),
     ("| seed (a61cf5e, dim 16 over 200mbit) | link |", ["network_halfcheck_dim16_200mbit"]),
     ("| seed (081d985, dim 16 over 200mbit, seeds 3-5) | link |", ["network_halfcheck_seeds3to5_dim16_200mbit"]),
+    ("| seed (539511b, dim 16 over 200mbit) | link |", ["network_lookend_dim16_200mbit"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
@@ -1267,3 +1270,29 @@ def test_the_half_window_checks_over_200mbit_are_quoted():
     assert f"**Time: {span(speed, '.3f')}x `off`**" in section
     d_auc = [every[s]["test_auc"] - runs[("off", s)]["test_auc"] for s in range(6)]
     assert f"Paired test AUC {max(d_auc):+.4f} to {min(d_auc):+.4f}" in section
+
+
+def test_the_recheck_held_to_the_end_over_200mbit_is_quoted():
+    """The bytes, served shares, where the re-checks were held and seed 0's parts against the
+    half-check run earlier that day, as docs/results/serve.md's section on 539511b quotes them."""
+    runs = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_lookend_dim16_200mbit.json").read_text())["runs"]}
+    before = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_halfcheck_dim16_200mbit.json").read_text())["runs"]}
+    mine = [runs[("defaults", s)] for s in range(2)]
+    text = Path(ROOT / "docs/results/serve.md").read_text()
+    section = text[text.index("## A re-check only where steps are left to act on it (539511b)"):]
+    section = " ".join(section[:10 + re.search(r"\n#{1,2} ", section[10:]).start()].split())
+    ratios = {f"{_embedding_on_wire(r) / _embedding_on_wire(runs[('off', s)]):.3f}" for s, r in enumerate(mine)}
+    served = {f"{r['served_fraction']:.3f}" for r in mine}
+    assert len(ratios) == len(served) == 1
+    assert f"**{ratios.pop()} of `off`'s embedding bytes on both seeds** (served {served.pop()})" in section
+    held = [r["serve_lever"]["decisions"][-1] for r in mine]
+    assert all(d["from"] == d["to"] == "serving" for d in held)
+    left = sorted(int(re.match(r"no re-check: (\d+) steps", d["reason"]).group(1)) for d in held)
+    steps = sorted(d["step"] for d in held)
+    assert f"came at step {steps[0]}-{steps[1]}, with {left[0]}-{left[1]} steps left" in section
+    now, then = mine[0]["time_breakdown_rank0"], before[("defaults", 0)]["time_breakdown_rank0"]
+    assert (f"forward {now['forward']:.1f} s against {then['forward']:.1f} earlier in the day for the same seed, "
+            f"backward {now['backward']:.1f} against {then['backward']:.1f}, the host split {now['serving']:.2f} "
+            f"against {then['serving']:.2f}, its precision probe's fp32 step "
+            f"{mine[0]['precision']['probe']['fp32_ms_per_step']:.1f} ms against "
+            f"{before[('defaults', 0)]['precision']['probe']['fp32_ms_per_step']:.1f}") in section
