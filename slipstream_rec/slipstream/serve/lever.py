@@ -78,13 +78,11 @@ __all__ = [
 SETTLE_STEPS = 2
 # A window's figure needs at least this share of its steps timed (else it is not measured).
 MIN_TIMED = 0.25
-# A window on trial is checked after these shares of its timed steps (the first is MIN_TIMED),
-# each cutting it short where the state it times already measures that check's margin slower
-# than the rule's line (serving: the step without it less serve_min_gain; without serving: the
-# step serving over 1 - serve_min_gain): its decision is not near the line, and every further
-# step of it is lost. The later check sees twice the steps and cuts nearer the line (measured
-# over 200mbit at dim 16: re-checks whose whole window found serving 8.5-11.7% faster, under the
-# quarter's 10.9%, ran all 40 steps without serving).
+# A window on trial is checked after these shares of its timed steps, each cutting it short where
+# the state it times already measures that margin slower than the rule's line (serving: the step
+# without it less serve_min_gain; without serving: the step serving over 1 - serve_min_gain): not
+# near the line, every further step is lost. The later check sees twice the steps and cuts nearer
+# (over 200mbit at dim 16, re-checks that found serving 8.5-11.7% faster ran all 40 steps).
 EARLY_CHECKS: Tuple[Tuple[float, float], ...] = ((MIN_TIMED, 0.10), (0.5, 0.05))
 
 
