@@ -785,6 +785,19 @@ def _embedding_on_wire(run: Dict) -> float:
     return run["wire_train"]["bytes_per_sample"] - (o["dense"] + o["data_parallel"])
 
 
+def _serve_section(heading: str) -> str:
+    """docs/results/serve.md's section that starts with ``heading``, up to the next heading of
+    its level or above, its whitespace folded to single spaces."""
+    text = Path(ROOT / "docs/results/serve.md").read_text()
+    section = text[text.index(heading):]
+    return " ".join(section[:10 + re.search(r"\n#{1,2} ", section[10:]).start()].split())
+
+
+def _span(values: List[float], fmt: str) -> str:
+    """A range as quoted: the lowest and highest value in ``fmt``."""
+    return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+
 def _check_pair(cells: List[str], off: Dict, mine: Dict) -> None:
     """Six cells of a seeded network table: off's and the job's train s, the ratio, the embedding
     side on the wire (off -> job), its ratio, the paired test AUC; and the same samples trained."""
@@ -1093,10 +1106,7 @@ def test_the_recheck_cut_short_over_200mbit_is_quoted():
     cut = ["cuts the window short" in r["serve_lever"]["decisions"][1]["reason"] for r in every]
     assert cut == [False, False, True, True, False, True]
     mine = every[:3]
-    text = Path(ROOT / "docs/results/serve.md").read_text()
-    section = text[text.index("## A re-check cut short where serving wins by far (e85e84f)"):]
-    section = section[:10 + re.search(r"\n#{1,2} ", section[10:]).start()]
-    section = " ".join(section.split())
+    section = _serve_section("## A re-check cut short where serving wins by far (e85e84f)")
     low, high = sorted(r["served_fraction"] for r in mine[:2])
     assert f"{mine[2]['served_fraction']:.3f} of the lookups served against {low:.3f}-{high:.3f}" in section
     parts = mine[0]["slipstream_seconds"]
@@ -1104,13 +1114,10 @@ def test_the_recheck_cut_short_over_200mbit_is_quoted():
               f"snapshots {parts['snapshot_seconds']:.2f} s")  # fmt: skip
     assert quoted in section and f"the host split {parts['serve_seconds']:.2f} s" in section
     # the six seeds by whether the re-check was cut: served shares and embedding bytes, ranges
-    def span(values, fmt):
-        return f"{min(values):{fmt}}-{max(values):{fmt}}"
-
     for was_cut, words in [(True, "served {}, **{} of `off`'s embedding bytes**"), (False, "served {}, {}")]:
         runs_cut = [(s, r) for s, (r, c) in enumerate(zip(every, cut)) if c is was_cut]
-        served_range = span([r["served_fraction"] for _, r in runs_cut], ".3f")
-        ratio = span([_embedding_on_wire(r) / _embedding_on_wire(runs[("off", s)]) for s, r in runs_cut], ".3f")
+        served_range = _span([r["served_fraction"] for _, r in runs_cut], ".3f")
+        ratio = _span([_embedding_on_wire(r) / _embedding_on_wire(runs[("off", s)]) for s, r in runs_cut], ".3f")
         assert words.format(served_range, ratio) in section, (served_range, ratio)
 
 
@@ -1246,13 +1253,7 @@ def test_the_half_window_checks_over_200mbit_are_quoted():
     recheck = [r["serve_lever"]["decisions"][1] for r in every]
     at = [int(re.match(r"after (\d+) steps without serving, \d+% past the line cuts", d["reason"]).group(1)) for d in recheck]
     assert at == [20, 10, 10, 20, 10, 10]
-    text = Path(ROOT / "docs/results/serve.md").read_text()
-    section = text[text.index("## Re-checks checked at half their window too (a61cf5e)"):]
-    section = section[:10 + re.search(r"\n#{1,2} ", section[10:]).start()]
-    section = " ".join(section.split())
-
-    def span(values, fmt):
-        return f"{min(values):{fmt}}-{max(values):{fmt}}"
+    section = _serve_section("## Re-checks checked at half their window too (a61cf5e)")
 
     def faster(d):
         return 100 * (1 - d["serving_ms_per_step"] / d["standing_down_ms_per_step"])
@@ -1260,14 +1261,14 @@ def test_the_half_window_checks_over_200mbit_are_quoted():
     quarter = [s for s in range(6) if at[s] == 10]
     half = [s for s in range(6) if at[s] == 20]
     ratio = {s: _embedding_on_wire(every[s]) / _embedding_on_wire(runs[("off", s)]) for s in range(6)}
-    assert (f"serving {span([faster(recheck[s]) for s in quarter], '.1f')}% faster over the quarter's 10 steps; "
-            f"served {span([every[s]['served_fraction'] for s in quarter], '.3f')}, "
-            f"**{span([ratio[s] for s in quarter], '.3f')} of `off`'s embedding bytes**") in section
+    assert (f"serving {_span([faster(recheck[s]) for s in quarter], '.1f')}% faster over the quarter's 10 steps; "
+            f"served {_span([every[s]['served_fraction'] for s in quarter], '.3f')}, "
+            f"**{_span([ratio[s] for s in quarter], '.3f')} of `off`'s embedding bytes**") in section
     assert len({f"{every[s]['served_fraction']:.3f}" for s in half}) == 1  # quoted once for both
     assert (f"{faster(recheck[half[0]]):.1f}% and {faster(recheck[half[1]]):.1f}% faster over 20 steps" in section
-            and f"served {every[half[0]]['served_fraction']:.3f}, {span([ratio[s] for s in half], '.3f')}" in section)
+            and f"served {every[half[0]]['served_fraction']:.3f}, {_span([ratio[s] for s in half], '.3f')}" in section)
     speed = [runs[("off", s)]["train_seconds"] / every[s]["train_seconds"] for s in range(6)]
-    assert f"**Time: {span(speed, '.3f')}x `off`**" in section
+    assert f"**Time: {_span(speed, '.3f')}x `off`**" in section
     d_auc = [every[s]["test_auc"] - runs[("off", s)]["test_auc"] for s in range(6)]
     assert f"Paired test AUC {max(d_auc):+.4f} to {min(d_auc):+.4f}" in section
 
@@ -1278,9 +1279,7 @@ def test_the_recheck_held_to_the_end_over_200mbit_is_quoted():
     runs = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_lookend_dim16_200mbit.json").read_text())["runs"]}
     before = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_halfcheck_dim16_200mbit.json").read_text())["runs"]}
     mine = [runs[("defaults", s)] for s in range(2)]
-    text = Path(ROOT / "docs/results/serve.md").read_text()
-    section = text[text.index("## A re-check only where steps are left to act on it (539511b)"):]
-    section = " ".join(section[:10 + re.search(r"\n#{1,2} ", section[10:]).start()].split())
+    section = _serve_section("## A re-check only where steps are left to act on it (539511b)")
     ratios = {f"{_embedding_on_wire(r) / _embedding_on_wire(runs[('off', s)]):.3f}" for s, r in enumerate(mine)}
     served = {f"{r['served_fraction']:.3f}" for r in mine}
     assert len(ratios) == len(served) == 1

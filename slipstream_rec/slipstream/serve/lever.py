@@ -35,11 +35,10 @@ decision doubles the windows until the next (``span``); one that reverses it sta
 least 49 windows (``look_windows``): the further apart the two figures, the rarer the look.
 The decision prices that wait from its two figures; every window of the decided state prices it
 again from the mean of the state's own windows (``_rebudget``), so that one noisy trial window
-does not set it for the rest of the run. And a look needs as many steps after it as before it:
-where the run's steps left after the look's window (``last_step``, the trainer's plan) are fewer
-than the budget's wait, its window would cost more than ``serve_look_budget`` of the steps it
-could act on, and the decided state holds to the end (``final``, recorded once): the longest
-stretch a change goes unseen grows from one wait to under two.
+does not set it for the rest of the run. And a look needs as many steps after its window as
+before it (``last_step``, the trainer's plan): else it would cost over ``serve_look_budget`` of
+the steps it could act on, and the decided state holds to the end (``final``, recorded once): a
+change then goes unseen for under two waits instead of one.
 Each decision, its two figures and its reason is a record (``decisions``). A window on trial
 (``probe_on``, ``probe_off``) whose other figure is known is also measured part of the way in
 (``EARLY_CHECKS``: a quarter, then half): where the state it times already loses by that
@@ -124,9 +123,8 @@ def look_windows(loss: float, budget: float) -> int:
 
 def early_checks(window: int) -> Dict[int, float]:
     """Where a window of ``window`` steps on trial is checked: timed steps -> the margin past the
-    rule's line that cuts it short there (``EARLY_CHECKS``). Where a short window puts two checks
-    on one step, the wider margin holds: a figure from that few steps decides only far from the
-    line."""
+    rule's line that cuts it short there (``EARLY_CHECKS``). Two checks on one step (a short
+    window): the wider margin holds, as a figure from that few steps decides only far from it."""
     checks: Dict[int, float] = {}
     for share, margin in EARLY_CHECKS:
         checks.setdefault(max(1, math.ceil(share * window)), margin)
@@ -158,7 +156,6 @@ class ServeLever:
     final: bool = False  # the decided state holds to the run's end: too few steps left for a look
     entered: int = 0  # the step the current state began
     decisions: List[Dict[str, Any]] = field(default_factory=list)
-    loss: float = 0.0  # a window in the losing state's extra time, as a share of a window (``_rebudget``)
     _new: List[Dict[str, Any]] = field(default_factory=list)  # not yet taken by the log
 
     @property
@@ -284,37 +281,40 @@ class ServeLever:
 
     def _rebudget(self, seconds_per_step: float) -> bool:
         """A window of the decided state (serving, down) measured ``seconds_per_step``: the wait
-        before the re-check follows the mean of the state's windows so far, held against the
-        other state's last figure. The decision priced the re-check from one window (serving on
-        trial carries the replica's first whole syncs: measured 236.6 ms a step where the
-        windows after it took 210), and the state's own windows price it better; a mean, since
-        single windows swing with the refreshes and syncs that fall in them. The wait never
-        falls below the re-checks' own span (``base``)."""
+        before the re-check follows the state's windows so far (``_state_loss``); returns whether
+        it is over. The decision priced it from one window (serving on trial carries the
+        replica's first whole syncs: 236.6 ms a step where the windows after it took 210); a
+        mean, since single windows swing with the refreshes and syncs that fall in them. The
+        wait never falls below the re-checks' own span (``base``)."""
         self.since += 1
         self.state_s += seconds_per_step
+        self.span = max(self.base or self.recheck_windows, look_windows(self._state_loss, self.look_budget))
+        return self.since >= self.span  # the wait is over: a look is due
+
+    @property
+    def _state_loss(self) -> float:
+        """A look's window in the losing state's cost (``window_loss``): the mean of the decided
+        state's windows so far against the other state's last figure."""
         mean = self.state_s / self.since
         on, off = (mean, self.off_s) if self.state is LeverState.serving else (self.on_s, mean)
         assert on is not None and off is not None, "a decided state holds both figures"
-        self.loss = window_loss(on, off)
-        self.span = max(self.base or self.recheck_windows, look_windows(self.loss, self.look_budget))
-        return self.since >= self.span  # the wait is over: a look is due
+        return window_loss(on, off)
 
     def _steps_left_for_a_look(self, step: int) -> bool:
-        """Whether a look due after ``step`` (a window in the losing state, ``loss`` of a window
-        slower) leaves steps enough after it to act on: at least the budget's wait for that cost
-        (``look_windows``), as before it. Where it does not, the decided state holds to the run's
-        end, recorded once (``final``). Unknown run length: always."""
+        """Whether a look due after ``step`` leaves as many steps after its window as the budget's
+        wait for its cost (``look_windows`` of ``_state_loss``); else the decided state holds to
+        the run's end, recorded once (``final``). Unknown run length: always."""
         if self.last_step is None:
             return True
-        left = self.last_step - step - self.window
-        needed = look_windows(self.loss, self.look_budget) * self.window
+        left, loss = self.last_step - step - self.window, self._state_loss
+        needed = look_windows(loss, self.look_budget) * self.window
         if left >= needed:
             return True
         if not self.final:
             self.final = True
             what = "re-check" if self.state is LeverState.serving else "look"
             self._record(step, self.state, f"no {what}: {max(0, left)} steps would be left after its window, fewer "
-                                           f"than the {needed} that keep its cost (a window {100 * self.loss:.0f}% "
+                                           f"than the {needed} that keep its cost (a window {100 * loss:.0f}% "
                                            f"slower) within {100 * self.look_budget:g}% of them: "
                                            f"{self.state.value} to the run's end")  # fmt: skip
         return False

@@ -101,6 +101,7 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
                 if after is not None:
                     clock.reset()
                     _switch(ctl, before, after, step)
+                    _log_decision(ctl, step)
         return
     with timed(ctl.seconds, "lever"):
         measured = None
@@ -112,8 +113,14 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
         after = lever.window_end(step, measured, ready=ctl.server.rows > 0)
         if after is not None:
             _switch(ctl, before, after, step)
-        elif ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:  # held to the end
-            logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])
+        _log_decision(ctl, step)  # a switch's, or a state held to the run's end
+
+
+def _log_decision(ctl: "SlipstreamController", step: int) -> None:
+    """Rank 0's log line for a decision the lever recorded at ``step`` (none: nothing)."""
+    decisions = ctl.lever.decisions
+    if ctl.is_rank0 and decisions and decisions[-1]["step"] == step:
+        logger.info("slipstream: serving at step %d: %s", step, decisions[-1]["reason"])
 
 
 def _switch(ctl: "SlipstreamController", before: LeverState, after: LeverState, step: int) -> None:
@@ -130,5 +137,3 @@ def _switch(ctl: "SlipstreamController", before: LeverState, after: LeverState, 
     elif after.serves and not before.serves:
         ctl.server.rebuild(ctl.threshold.stale_now(step), step, resumed=True)  # every row may have moved
     ctl.tracker.set_counting(lever.tracks and sched.counts(step + 1))
-    if ctl.is_rank0 and lever.decisions and lever.decisions[-1]["step"] == step:
-        logger.info("slipstream: serving at step %d: %s", step, lever.decisions[-1]["reason"])
