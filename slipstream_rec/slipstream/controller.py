@@ -207,6 +207,7 @@ class SlipstreamController:
             if record is not None:
                 out.append(("slipstream", record))
         lever_window_step(self, step)  # serve_when=auto's windows
+        out += [("lever_window", figure) for figure in self.window_clock.take_new()]
         return out + [("lever", decision) for decision in self.lever.take_new()]
 
     def _track(self, step: int) -> Optional[Dict[str, Any]]:

@@ -176,7 +176,9 @@ def summary(ctl: "SlipstreamController") -> Dict[str, Any]:
         "hot_rows": slip["hot_rows"],
         "stale_rows": slip["stale_rows"],
         "threshold": slip["threshold"],
-        "serve_lever": ctl.lever.summary(),
+        # the rule's state and decisions, and the figures of the windows it timed (the latest)
+        "serve_lever": {**ctl.lever.summary(), "windows_measured": ctl.window_clock.measured,
+                        "windows": list(ctl.window_clock.figures)},
         "slipstream_overhead_seconds": round(float(overhead.item()), 3),
         "slipstream_state_bytes": int(peak.item()),
         "slipstream": {

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,12 +33,36 @@ logger = logging.getLogger(__name__)
 class WindowClock:
     """Times the lever's windows on the trainer's clock (training seconds, the device's queue
     drained; set by the trainer before the first step): a mark where a window's timed part
-    starts, and at its end the slowest rank's seconds per step (collective)."""
+    starts, and at its end the slowest rank's seconds per step (collective). Every agreed figure
+    is kept (``figures``: the latest ``KEPT``, for summary.json; ``take_new``: each once, for
+    metrics.jsonl), so that a run's timing can be read window by window, not only where the rule
+    decided."""
+
+    KEPT = 512  # figures summary.json keeps (the latest; metrics.jsonl has every one)
 
     def __init__(self) -> None:
         self.clock: Optional[Callable[[], float]] = None
         self._mark: Optional[Tuple[int, float, float]] = None  # (step, clock, tracking seconds)
         self.checked = -1  # the last step a window on trial was checked at (a lever step: its all-reduce)
+        self.figures: Deque[Dict[str, Any]] = deque(maxlen=self.KEPT)
+        self.measured = 0  # figures agreed in this process (those before a resume are in the log)
+        self._new: List[Dict[str, Any]] = []
+
+    def note(self, step: int, state: LeverState, timed_steps: int, seconds_per_step: Optional[float]) -> None:
+        """Keep the figure the ranks agreed at ``step`` for the window timed in ``state`` over
+        ``timed_steps`` steps (None: not measured, nothing kept). Local: every rank holds the
+        same figures."""
+        if seconds_per_step is None:
+            return
+        figure = {"step": step, "state": state.value, "timed_steps": timed_steps, "ms_per_step": round(1e3 * seconds_per_step, 3)}
+        self.figures.append(figure)
+        self._new.append(figure)
+        self.measured += 1
+
+    def take_new(self) -> List[Dict[str, Any]]:
+        """The figures agreed since the last call (for the metric log)."""
+        out, self._new = self._new, []
+        return out
 
     def mark(self, step: int, tracking_seconds: float) -> None:
         assert self.clock is not None, "serve_when=auto needs the trainer's clock"
@@ -97,6 +122,7 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
             with timed(ctl.seconds, "lever"):
                 measured = clock.measure(step, lever.timing_serving, stats.tracking_seconds(ctl), ctl.count_control, checked)
                 before = lever.state
+                clock.note(step, before, checked, measured)
                 after = lever.early_end(step, measured, checked)
                 if after is not None:
                     clock.reset()
@@ -104,12 +130,12 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
                     _log_decision(ctl, step)
         return
     with timed(ctl.seconds, "lever"):
-        measured = None
+        measured, before = None, lever.state
         if lever.timed:
             tracking = stats.tracking_seconds(ctl)
             measured = clock.measure(step, lever.timing_serving, tracking, ctl.count_control, least)
+            clock.note(step, before, step - clock.mark_step, measured)
         clock.reset()
-        before = lever.state
         after = lever.window_end(step, measured, ready=ctl.server.rows > 0)
         if after is not None:
             _switch(ctl, before, after, step)

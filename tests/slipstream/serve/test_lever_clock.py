@@ -67,6 +67,39 @@ def test_the_lever_times_no_step_of_the_trainers_precision_probe():
     assert lv.state is S.down and lv.on_s == pytest.approx(0.5)  # (0.5 is not 2% faster than 0.4)
 
 
+def test_every_agreed_figure_is_kept_window_by_window():
+    # the run of the test above: the wait timed from step 37 to 70 without serving, then the
+    # window serving cut at its quarter check (13 steps after its mark at 72); the window after
+    # the cut has no mark before its end (120) and gives no figure
+    lv, clock = lever(), _Clock()
+    ctl = _controller(lv, clock)
+    clock.tracker = ctl.tracker
+    taken = []
+    for n in range(1, 121):
+        clock.step(n)
+        ctl.server.rows = int(n >= 70)
+        lever_window_step(ctl, n)
+        taken += ctl.window_clock.take_new()
+    expected = [
+        {"step": 70, "state": "waiting", "timed_steps": 34, "ms_per_step": 400.0},
+        {"step": 85, "state": "probe_on", "timed_steps": 13, "ms_per_step": 500.0},
+    ]
+    assert list(ctl.window_clock.figures) == expected and ctl.window_clock.measured == 2
+    assert taken == expected  # each once, for the metric log
+    assert ctl.window_clock.take_new() == []
+
+
+def test_the_kept_figures_are_the_latest():
+    wc = WindowClock()
+    for n in range(WindowClock.KEPT + 3):
+        wc.note(n, S.serving, 40, 0.001)
+    wc.note(10**6, S.serving, 40, None)  # not measured: nothing kept
+    assert wc.measured == WindowClock.KEPT + 3 and len(wc.figures) == WindowClock.KEPT
+    assert wc.figures[0]["step"] == 3 and wc.figures[-1] == {"step": WindowClock.KEPT + 2, "state": "serving",
+                                                             "timed_steps": 40, "ms_per_step": 1.0}  # fmt: skip
+    assert len(wc.take_new()) == WindowClock.KEPT + 3
+
+
 def test_the_lever_times_from_where_the_precision_probe_decided_early():
     # the probe planned to time steps 5-36 and decided at step 28: the steps after it are the
     # run's own (0.5 s, 0.1 of it tracking), timed from a mark after step 28, not step 36

@@ -122,3 +122,19 @@ def test_a_tolerated_cost_keeps_serving_and_rechecks_it_with_a_window_without(ru
     # the window without serving synced nothing; resuming sent the rows its shards trained meanwhile
     assert train[second]["replica_rows_sent"] > train[off_start]["replica_rows_sent"]
     assert s["served_fraction"] > 0
+
+
+def test_every_window_figure_is_in_the_log_and_the_summary_and_backs_each_decision(runs):
+    for name in ("costly", "tolerated"):
+        s, run_dir = runs[name]
+        lever = s["serve_lever"]
+        windows = lever["windows"]
+        logged = [{k: v for k, v in r.items() if k not in ("kind", "time")} for r in _records(run_dir, "lever_window")]
+        assert logged == windows and lever["windows_measured"] == len(windows) > 2, (name, windows)
+        assert [w["step"] for w in windows] == sorted({w["step"] for w in windows})  # one per lever step
+        by_step = {w["step"]: w for w in windows}
+        timed = {"probe_on": "serving_ms_per_step", "probe_off": "standing_down_ms_per_step"}
+        for d in lever["decisions"]:
+            if d["from"] in timed:  # decided on the figure of the window it ended
+                w = by_step[d["step"]]
+                assert w["state"] == d["from"] and w["ms_per_step"] == d[timed[d["from"]]], (d, w)
