@@ -166,7 +166,7 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
     )
     dmp = shard_model(model, job.sharding, tables, env.device, tr.batch_size)
     # before the first backward; local (every rank registers the same hook)
-    ddp_hook = install_ddp_comm_hook(dmp, tr.ddp_comm_hook, run_meter(dmp))
+    ddp_hook = install_ddp_comm_hook(dmp, tr.ddp_comm_hook, run_meter(dmp), tr.ddp_comm_hook_scale)
     optimizer, scheduler = build_optimizer(dmp, job.optim)
     plan = describe_plan(dmp)
     checkpointer = Checkpointer(

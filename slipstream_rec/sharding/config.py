@@ -54,6 +54,11 @@ class QCommsConfig:
     forward: CommPrecision = CommPrecision.fp32
     # Precision of their gradients sent back in the backward: fp32 (off), fp16, bf16, int8.
     backward: CommPrecision = CommPrecision.fp32
+    # The gradients multiplied by this before the backward's fp16 / bf16 encoding and divided
+    # after decoding (TorchRec's QCommsConfig.backward_loss_scale): a mean loss over a batch of
+    # thousands makes them small enough that fp16 (bf16's stand-in on gloo) holds many only as
+    # subnormals (below 6.1e-5), with few bits, or as zero. null: none. fp16 / bf16 only.
+    backward_loss_scale: Optional[float] = None
 
     @property
     def enabled(self) -> bool:

@@ -15,6 +15,7 @@ linear in the length, so the factor of the totals is exact.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -23,7 +24,7 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
     get_qcomm_codecs_registry,
 )
 from torchrec.distributed.fbgemm_qcomm_codec import QCommsConfig as TorchRecQCommsConfig
-from torchrec.distributed.types import CommOp, ShardingPlan, ShardingType
+from torchrec.distributed.types import CommOp, QuantizedCommCodec, ShardingPlan, ShardingType
 
 from slipstream_rec.sharding.config import CommPrecision, QCommsConfig, ShardingConfig
 
@@ -43,21 +44,73 @@ def codecs_registry(cfg: QCommsConfig, device: torch.device) -> Optional[Dict[st
     """TorchRec's codec registry for ``cfg`` on ``device`` (None: off, fp32 both ways)."""
     if not cfg.enabled:
         return None
+    scale = cfg.backward_loss_scale
+    if scale is not None:
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(
+                f"sharding.qcomms.backward_loss_scale={scale}: the gradients are multiplied by it before "
+                "they are encoded and divided after. Fix: a positive number (1024 keeps a batch mean's "
+                "gradients in fp16's normal range), or null for none"
+            )
+        if cfg.backward not in (CommPrecision.fp16, CommPrecision.bf16):
+            raise ValueError(
+                f"sharding.qcomms.backward_loss_scale={scale} with sharding.qcomms.backward="
+                f"{cfg.backward.value}: TorchRec scales only fp16 and bf16 gradients (it would drop the "
+                "scale). Fix: sharding.qcomms.backward=fp16 (or bf16), or sharding.qcomms.backward_loss_scale=null"
+            )
     # TorchRec logs a warning for every fallback (bf16 -> fp16 on gloo); the summary records
     # what went on the wire instead, so keep its log quiet here.
     tr_logger = logging.getLogger()
     level = tr_logger.level
     tr_logger.setLevel(max(level, logging.ERROR))
     try:
-        return get_qcomm_codecs_registry(
-            TorchRecQCommsConfig(
-                forward_precision=_comm_type(cfg.forward), backward_precision=_comm_type(cfg.backward)
-            ),
+        registry = get_qcomm_codecs_registry(
+            TorchRecQCommsConfig(forward_precision=_comm_type(cfg.forward), backward_precision=_comm_type(cfg.backward)),
             comm_ops=list(_COMM_OPS),
             device=device,
         )
     finally:
         tr_logger.setLevel(level)
+    if scale is not None:
+        for codecs in registry.values():
+            codecs.backward = RescaledCodec(codecs.backward, scale)
+    return registry
+
+
+class RescaledCodec(QuantizedCommCodec):
+    """A codec whose values are multiplied by ``scale`` before ``inner`` encodes them and divided
+    by it after ``inner`` decodes them (``sharding.qcomms.backward_loss_scale``). TorchRec's own
+    ``backward_loss_scale`` (fbgemm 1.8's codec) divides the *encoded* fp16 tensor before
+    decoding it, which returns a gradient of 1e-6 to fp16's subnormals, with the bits it lost
+    (measured: 7.4e-3 of the largest value off, scaled or not); here the division is in the
+    decoded fp32, so the scaled value's 11 bits arrive."""
+
+    def __init__(self, inner: Any, scale: float) -> None:
+        self.inner, self.scale = inner, float(scale)
+
+    def encode(self, input_tensor: torch.Tensor, ctx: Optional[Any] = None) -> torch.Tensor:
+        return self.inner.encode(input_tensor * self.scale, ctx)
+
+    def decode(self, input_grad: torch.Tensor, ctx: Optional[Any] = None) -> torch.Tensor:
+        decoded = self.inner.decode(input_grad, ctx)
+        return decoded.float().div_(self.scale).to(decoded.dtype)
+
+    @property
+    def quantized_dtype(self) -> torch.dtype:
+        return self.inner.quantized_dtype
+
+    def calc_quantized_size(self, input_len: int, ctx: Optional[Any] = None) -> int:
+        return self.inner.calc_quantized_size(input_len, ctx)
+
+    def create_context(self) -> Optional[Any]:
+        return self.inner.create_context()
+
+    def padded_size(self, input_tensor: torch.Tensor, dim_per_rank: Any, my_rank: int, qcomm_ctx: Any) -> Any:
+        return self.inner.padded_size(input_tensor, dim_per_rank, my_rank, qcomm_ctx)
+
+    @property
+    def _comm_precision(self) -> Any:  # what wire_precision reads from fbgemm's codec
+        return self.inner._comm_precision
 
 
 def wire_precision(registry: Optional[Dict[str, Any]], direction: str) -> str:
@@ -87,6 +140,7 @@ def qcomms_summary(cfg: QCommsConfig, registry: Optional[Dict[str, Any]]) -> Dic
         "backward_on_wire": wire_precision(registry, "backward"),
         "forward_wire_factor": wire_factor(registry, "forward"),
         "backward_wire_factor": wire_factor(registry, "backward"),
+        "backward_loss_scale": cfg.backward_loss_scale,
     }
 
 

@@ -128,6 +128,11 @@ class TrainerConfig:
     # Compression of DDP's gradient all-reduces (the dense arch and any data-parallel tables):
     # none, fp16 or bf16 (PyTorch's fp16_compress_hook / bf16_compress_hook). Halves their bytes.
     ddp_comm_hook: DDPCommHook = DDPCommHook.none
+    # fp16 hook only: each gradient bucket multiplied by this before its fp16 cast and divided
+    # after the all-reduce: a batch mean's small gradients (many below fp16's normal range,
+    # 6.1e-5) keep their bits. A bucket whose scaled values would pass fp16's largest is sent
+    # unscaled that step (one more all-reduce of a flag). null: PyTorch's fp16_compress_hook.
+    ddp_comm_hook_scale: Optional[float] = None
     # Seconds a collective may wait before the job fails instead of hanging (a dead or stuck
     # rank): the surviving ranks exit with an error naming this key, and torchrun restarts them.
     collective_timeout_s: float = 600.0

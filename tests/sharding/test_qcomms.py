@@ -55,7 +55,7 @@ def _wrap_collectives(counted: dict):
     return lambda: [setattr(dist, n, f) for n, f in originals.items()]
 
 
-def qcomms_worker(env, kind: str, forward: str, backward: str):
+def qcomms_worker(env, kind: str, forward: str, backward: str, scale=None):
     from slipstream_rec.model.dlrm import embedding_bag_configs
     from slipstream_rec.optim import (
         EmbeddingOptimConfig,
@@ -73,13 +73,19 @@ def qcomms_worker(env, kind: str, forward: str, backward: str):
     cfg, ref, full, model = reference_and_rank_model(env.rank)
     optim_cfg = OptimConfig(embedding=EmbeddingOptimConfig(type=EmbeddingOptimizerKind.sgd, lr=LR))
     fuse_embedding_optimizer(model, optim_cfg.embedding)
-    qcomms = QCommsConfig(forward=CommPrecision(forward), backward=CommPrecision(backward))
+    qcomms = QCommsConfig(forward=CommPrecision(forward), backward=CommPrecision(backward), backward_loss_scale=scale)
     sharding = ShardingConfig(type=ShardingKind[kind], qcomms=qcomms)
     dmp = shard_model(model, sharding, embedding_bag_configs(cfg, FEATURES, ROWS), cpu, LOCAL_BATCH)
     assert set(describe_plan(dmp).values()) == {kind}
     load_full_state_dict(dmp, full)
     optimizer, _ = build_optimizer(dmp, optim_cfg)
 
+    from slipstream_rec.sharding.qcomms import RescaledCodec
+
+    rescaled = []  # the sizes the scaled codec encoded and decoded (the backward's collectives)
+    encode, decode = RescaledCodec.encode, RescaledCodec.decode
+    RescaledCodec.encode = lambda self, t, ctx=None: rescaled.append(("encode", t.numel())) or encode(self, t, ctx)
+    RescaledCodec.decode = lambda self, t, ctx=None: rescaled.append(("decode", t.numel())) or decode(self, t, ctx)
     counted: dict = {}
     restore = _wrap_collectives(counted)
     try:
@@ -89,6 +95,7 @@ def qcomms_worker(env, kind: str, forward: str, backward: str):
         optimizer.step()
     finally:
         restore()
+        RescaledCodec.encode, RescaledCodec.decode = encode, decode
 
     ref_logits = []
     ref_loss = torch.zeros(())
@@ -112,11 +119,11 @@ def qcomms_worker(env, kind: str, forward: str, backward: str):
             torch.testing.assert_close(shard.tensor, expected[sl], rtol=2e-3, atol=2e-4)
             row_err = max(row_err, float((shard.tensor - expected[sl]).abs().max()))
     meter = local_a2a_bytes(dmp)
-    return {"meter": meter, "counted": counted, "logit_diff": diff, "row_err": row_err}
+    return {"meter": meter, "counted": counted, "logit_diff": diff, "row_err": row_err, "rescaled": rescaled}
 
 
-def _run(kind, forward, backward):
-    return run_workers(qcomms_worker, WORLD, kind=kind, forward=forward, backward=backward)
+def _run(kind, forward, backward, scale=None):
+    return run_workers(qcomms_worker, WORLD, kind=kind, forward=forward, backward=backward, scale=scale)
 
 
 @pytest.mark.parametrize("kind", ["table_wise", "row_wise"])  # the all-to-all; the reduce-scatter
@@ -137,6 +144,19 @@ def test_fp16_comms_halve_the_counted_bytes_and_match_the_reference(kind):
         # (measured: table_wise logits 0 vs 2.1e-6 off the reference, rows 0 vs 3.8e-7)
         assert q["logit_diff"] > 10 * o["logit_diff"] and q["logit_diff"] > 0
         assert q["row_err"] > 10 * o["row_err"] and q["row_err"] > 0
+
+
+@pytest.mark.parametrize("kind", ["table_wise", "row_wise"])
+def test_a_scaled_backward_sends_the_same_bytes_and_steps_as_the_reference(kind):
+    fp16, scaled = _run(kind, "fp16", "fp16"), _run(kind, "fp16", "fp16", scale=1024.0)
+    for r in range(WORLD):
+        assert scaled[r]["meter"] == fp16[r]["meter"] and scaled[r]["counted"] == fp16[r]["counted"]
+        assert scaled[r]["logit_diff"] == fp16[r]["logit_diff"]  # the forward is not scaled
+        # the backward's gradients went through the scaled codec, once each way, and the step's
+        # rows are within fp16's rounding of the reference (asserted in the worker)
+        assert [k for k, _ in scaled[r]["rescaled"]] == ["encode", "decode"] and not fp16[r]["rescaled"]
+        assert scaled[r]["rescaled"][0][1] * 2 == fp16[r]["meter"]["gradient"]  # its fp16 values: 2 bytes each
+        assert 0 < scaled[r]["row_err"]
 
 
 def test_int8_comms_count_their_rows_scale_and_bias():
@@ -178,10 +198,52 @@ def test_qcomms_options_compose_and_reach_the_summary_fields():
     got = qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms, torch.device("cpu")))
     # bf16 becomes fp16 on gloo (TorchRec's fallback), and the summary says so
     assert got == {"forward": "fp16", "backward": "bf16", "forward_on_wire": "fp16", "backward_on_wire": "fp16",
-                   "forward_wire_factor": 0.5, "backward_wire_factor": 0.5}
+                   "forward_wire_factor": 0.5, "backward_wire_factor": 0.5, "backward_loss_scale": None}
     off = load_config(["slipstream=off"]).sharding.qcomms
     assert codecs_registry(off, torch.device("cpu")) is None
     with pytest.raises(ConfigError, match="sharding.qcomms.forward.*fp8"):
         load_config(["sharding.qcomms.forward=fp8"])
     with pytest.raises(ConfigError, match="sharding.qcomms.backward=int8 .*slipstream.action=serve"):
         load_config(["sharding.qcomms.backward=int8", "slipstream=serve"])
+
+
+def test_the_backward_loss_scale_keeps_small_gradients_bits_through_the_codec():
+    from slipstream_rec.config import load_config
+    from slipstream_rec.sharding.qcomms import codecs_registry, qcomms_summary
+
+    def codecs(scale):
+        job = load_config(["sharding.qcomms.forward=fp16", "sharding.qcomms.backward=bf16", "slipstream=off",
+                           f"sharding.qcomms.backward_loss_scale={scale}"])  # fmt: skip
+        return job.sharding.qcomms, codecs_registry(job.sharding.qcomms, torch.device("cpu"))
+
+    # gradients of a batch mean: about 1e-6, below fp16's normal range (6.1e-5)
+    grad = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 1e-6
+    err = {}
+    for scale in ("null", "1024"):
+        cfg, registry = codecs(scale)
+        for op in ("POOLED_EMBEDDINGS_ALL_TO_ALL", "POOLED_EMBEDDINGS_REDUCE_SCATTER"):
+            codec = registry[op].backward  # every collective's backward carries the scale
+            back = codec.decode(codec.encode(grad))
+            err[scale, op] = float((back - grad).abs().max() / grad.abs().max())
+            assert registry[op].forward._loss_scale is None  # the forward's values are not scaled
+    assert qcomms_summary(cfg, registry)["backward_loss_scale"] == 1024.0
+    assert qcomms_summary(cfg, registry)["backward_on_wire"] == "fp16"
+    for op in ("POOLED_EMBEDDINGS_ALL_TO_ALL", "POOLED_EMBEDDINGS_REDUCE_SCATTER"):
+        # unscaled: subnormals with few bits (measured 7.3e-3 of the largest off); scaled: fp16's
+        # 11 bits (2.3e-4)
+        assert err["null", op] > 5e-3 and err["1024", op] < 1e-3, err
+
+
+def test_the_backward_loss_scale_is_refused_where_torchrec_would_drop_it():
+    from slipstream_rec.config import load_config
+    from slipstream_rec.sharding.qcomms import codecs_registry
+
+    for overrides, match in [
+        (["sharding.qcomms.forward=fp16", "sharding.qcomms.backward_loss_scale=1024"],
+         r"^sharding.qcomms.backward_loss_scale=1024.0 with sharding.qcomms.backward=fp32: .* Fix: sharding.qcomms.backward=fp16"),
+        (["sharding.qcomms.backward=fp16", "sharding.qcomms.backward_loss_scale=-1"],
+         r"^sharding.qcomms.backward_loss_scale=-1.0: .* Fix: a positive number"),
+    ]:  # fmt: skip
+        cfg = load_config([*overrides, "slipstream=off"]).sharding.qcomms
+        with pytest.raises(ValueError, match=match):
+            codecs_registry(cfg, torch.device("cpu"))

@@ -12,7 +12,7 @@ from tests._fixtures import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch, re
 from tests.dist_harness import run_workers
 
 
-def hook_worker(env, hook: str, kind: str):
+def hook_worker(env, hook: str, kind: str, scale=None):
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -31,7 +31,7 @@ def hook_worker(env, hook: str, kind: str):
                       LOCAL_BATCH)
     load_full_state_dict(dmp, full)
     meter: dict = {}
-    info = install_ddp_comm_hook(dmp, DDPCommHook(hook), meter)
+    info = install_ddp_comm_hook(dmp, DDPCommHook(hook), meter, scale)
 
     # Independent count: the bytes of every bucket each DDP hands to its all-reduce.
     given = {"float32": 0, "float16": 0, "bfloat16": 0}
@@ -77,16 +77,21 @@ def hook_worker(env, hook: str, kind: str):
 @pytest.mark.parametrize("kind", ["table_wise", "data_parallel"])
 def test_ddp_comm_hooks_halve_the_counted_all_reduce_bytes(kind):
     results = {hook: run_workers(hook_worker, WORLD, hook=hook, kind=kind) for hook in ("none", "fp16")}
+    results["scaled"] = run_workers(hook_worker, WORLD, hook="fp16", kind=kind, scale=1024.0)
     for r in range(WORLD):
-        none, fp16 = results["none"][r], results["fp16"][r]
+        none, fp16, scaled = results["none"][r], results["fp16"][r], results["scaled"][r]
+        # scaled: the same bytes as fp16, its gradients within fp16's bits of the reference
+        assert scaled["meter"] == fp16["meter"] and scaled["given"] == fp16["given"]
+        assert scaled["info"] == {**fp16["info"], "scale": 1024.0}
+        assert 0 < scaled["worst"] < 2e-3
         kinds = ["dense"] + (["data_parallel"] if kind == "data_parallel" else [])
         counted = {h: sum(res["meter"].get(k, 0) for k in kinds) for h, res in (("none", none), ("fp16", fp16))}
         # the program's count = the bytes DDP's buckets gave the all-reduces, one training step
         assert counted["none"] == none["given"]["float32"] > 0
         assert counted["fp16"] == fp16["given"]["float16"] and fp16["given"]["float32"] == 0
         assert 2 * counted["fp16"] == counted["none"]
-        assert fp16["info"] == {"hook": "fp16", "bytes_per_step": {k: fp16["meter"].get(k, 0) for k in
-                                                                   ("dense", "data_parallel")}}
+        assert fp16["info"] == {"hook": "fp16", "scale": None,
+                                "bytes_per_step": {k: fp16["meter"].get(k, 0) for k in ("dense", "data_parallel")}}
         if kind == "data_parallel":
             assert none["meter"]["data_parallel"] == sum(ROWS) * 8 * 4  # every table's gradient, fp32
         # gradients: fp32 to float rounding, fp16 within its 11 bits
@@ -98,3 +103,47 @@ def test_bf16_hook_is_refused_on_gloo_in_one_line():
     with pytest.raises(AssertionError, match=r"ValueError: trainer.ddp_comm_hook=bf16 needs CUDA and NCCL .*gloo.*"
                                              r"Fix: trainer.ddp_comm_hook=fp16"):
         run_workers(hook_worker, WORLD, hook="bf16", kind="table_wise")
+
+
+def small_gradients_worker(env):
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from slipstream_rec.training.comm_hooks import scaled_fp16_hook
+
+    def through(hook, values):
+        buf = values.clone()
+        return hook(None, SimpleNamespace(buffer=lambda: buf)).wait().clone()
+
+    # a batch mean's gradients: about 1e-6, below fp16's normal range (6.1e-5)
+    tiny = torch.randn(4096, generator=torch.Generator().manual_seed(env.rank)) * 1e-6
+    exact = tiny.clone()
+    dist.all_reduce(exact)  # the fp32 mean over the ranks: the reference
+    exact /= WORLD
+    err = lambda got: float((got - exact).abs().max() / exact.abs().max())  # noqa: E731
+    huge = torch.full((8,), 100.0)  # x 1024 / 2 ranks: past fp16's largest (65504 / 2 per rank)
+    return {"plain": err(through(default_hooks.fp16_compress_hook, tiny)),
+            "scaled": err(through(scaled_fp16_hook(1024.0), tiny)),
+            "huge": through(scaled_fp16_hook(1024.0), huge).tolist()}  # fmt: skip
+
+
+def test_the_scaled_fp16_hook_keeps_small_gradients_bits_and_clips_what_would_overflow():
+    for r in run_workers(small_gradients_worker, WORLD):
+        # PyTorch's hook: subnormals with few bits (measured 2.6e-2 of the largest); scaled (3.3e-4):
+        # fp16's 11 bits (2^-11 = 4.9e-4 of a value)
+        assert r["plain"] > 1e-2 and r["scaled"] < 1e-3, r
+        # clipped at 65504 / 2 on each rank, summed and unscaled: finite, not inf
+        assert r["huge"] == [2 * (65504 / 2) / 1024] * 8
+
+
+def test_the_hook_scale_is_refused_without_the_fp16_hook_in_one_line():
+    from torch import nn
+
+    from slipstream_rec.training.comm_hooks import install_ddp_comm_hook
+    from slipstream_rec.training.config import DDPCommHook
+
+    for hook, scale in [(DDPCommHook.none, 1024.0), (DDPCommHook.fp16, 0.0), (DDPCommHook.fp16, float("inf"))]:
+        with pytest.raises(ValueError, match=r"^trainer.ddp_comm_hook_scale=.* Fix: trainer.ddp_comm_hook=fp16 with a positive"):
+            install_ddp_comm_hook(nn.Linear(1, 1), hook, None, scale)
