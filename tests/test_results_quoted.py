@@ -646,6 +646,13 @@ QCOMMS_ROWS = {
     ("qcomms + fp16 hook", "`off`'s, pinned", False): ("serve_qcomms_offplan_clicklog", "qcomms"),
     ("qcomms + fp16 hook", "TorchRec's kinds (793715a)", False): ("serve_qcomms_torchrec_types_clicklog", "qcomms"),
     ("qcomms alone", "TorchRec's kinds (793715a)", False): ("serve_qcomms_torchrec_types_clicklog", "qcomms_only"),
+    ("qcomms + fp16 hook", "TorchRec's kinds, pinned (54681a4)", False): ("serve_qcomms_scaled_clicklog", "qcomms"),
+    ("qcomms + fp16 hook, both scaled by 1024", "TorchRec's kinds, pinned (54681a4)", False):
+        ("serve_qcomms_scaled_clicklog", "qcomms_scaled"),
+    ("qcomms + fp16 hook, `clicklog_raw`", "TorchRec's kinds, pinned (54681a4)", False):
+        ("serve_qcomms_scaled_clicklog_raw", "qcomms"),
+    ("qcomms + fp16 hook, both scaled by 1024, `clicklog_raw`", "TorchRec's kinds, pinned (54681a4)", False):
+        ("serve_qcomms_scaled_clicklog_raw", "qcomms_scaled"),
 }
 
 
