@@ -675,6 +675,16 @@ def test_the_qcomms_table_quotes_its_runs():
         _check(row[3], [sum(paired) / len(paired), *paired])
 
 
+def test_the_fp16_gradient_shares_are_quoted():
+    data = json.loads((RESULTS / "fp16_gradients_clicklog.json").read_text())
+    assert data["overrides"] == ["data=clicklog", "trainer.max_steps=400"] and data["ranks"] == 2
+    emb, dense = data["pooled_embedding_gradients"], data["dense_all_reduce"]
+    text = " ".join((ROOT / "docs/performance.md").read_text().split())
+    assert (f"{100 * emb['subnormal_share']:.1f}% of the nonzero pooled-embedding gradients handed to the backward's "
+            f"codec and {100 * dense['subnormal_share']:.1f}% of the dense all-reduce's") in text
+    assert f"{100 * emb['to_zero_share']:.2f}% and {100 * dense['to_zero_share']:.1f}% below half" in text
+
+
 # ---- the paired AUC's noise floor (docs/performance.md) -----------------------------------------
 # Each row: its setting in serve_auc_noise_clicklog.json; the paired AUCs recomputed per seed.
 NOISE_ROWS = {"`init`": "init", "`bf16`": "bf16"}
