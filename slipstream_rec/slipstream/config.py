@@ -60,9 +60,10 @@ class SyncPrecision(Enum):
     # the sharded gradients); the replica sync sends bf16 differences from the copy every rank
     # holds, so its rounding does not accumulate
     bf16 = "bf16"
-    # 1 byte a value and a 4-byte scale a row (serve/wire_rows.py): each pushed sum and each
-    # sync difference at one scale per row, its largest magnitude / 127, every value within
-    # 1/254 of that (as TorchRec's row-wise INT8 comms); at dim 16 a row's 20 bytes, at 128 132
+    # 1 byte a value and a 2-byte (bf16) scale a row (serve/wire_rows.py): each pushed sum and
+    # each sync difference at one scale per row, its largest magnitude / 127 rounded up to a
+    # bf16, every value within 1/254 (x 1 + 2^-7) of that (as TorchRec's row-wise INT8 comms);
+    # at dim 16 a row's 18 bytes, at 128 130
     int8 = "int8"
 
 
@@ -124,9 +125,10 @@ class SlipstreamConfig:
     # replica row is sent again only where it differs from its shard by more than the bound
     # plus bf16's resolution at the shard's value (2^-8 of it, per element), so that a served
     # row differs from its shard by at most that plus the pushes since the last sync. int8:
-    # a row's values in a byte each at one fp32 scale (its largest magnitude / 127): a pushed
-    # sum within 1/254 of its largest element, a sync difference likewise, the resend test
-    # as bf16's; at dim 16 a row's 20 bytes against bf16's 32, at dim 128 132 against 256.
+    # a row's values in a byte each at one bf16 scale (its largest magnitude / 127, rounded
+    # up): a pushed sum within 1/254 (x 1 + 2^-7) of its largest element, a sync difference
+    # likewise, the resend test as bf16's; at dim 16 a row's 18 bytes against bf16's 32, at
+    # dim 128 130 against 256.
     sync_precision: SyncPrecision = SyncPrecision.fp32
     # --- does serving pay? (serve only; slipstream/serve/lever.py)
     # always: serve wherever rows are stale; auto: measure in the run whether a step with

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence
 
 import torch
@@ -80,3 +81,19 @@ def kjt_from_bags(keys, rows: List[List[List[int]]]) -> KeyedJaggedTensor:
 
 def row_ids(batch: Batch) -> List[int]:
     return batch.dense_features[:, 0].long().tolist()
+
+
+def bf16_ceiling(x: float) -> float:
+    """The smallest number >= x with 8 significant bits (bf16's), by its binary exponent: the
+    reference for serve's int8 row scale (``wire_rows``)."""
+    if x == 0:
+        return 0.0
+    quantum = 2.0 ** (math.floor(math.log2(x)) - 7)
+    return math.ceil(x / quantum) * quantum
+
+
+def int8_row(row: torch.Tensor) -> torch.Tensor:
+    """The reference int8 rounding of a row, value by value: to the nearest multiple of its
+    largest magnitude / 127 (in fp32) rounded up to 8 significant bits."""
+    step = bf16_ceiling(float(row.abs().max().float() / 127))
+    return torch.tensor([round(float(v) / step) * step if step else 0.0 for v in row])

@@ -31,7 +31,7 @@ __all__ = ["NoServe", "StaleServer", "WIRE_DTYPES"]
 
 Counts = Tuple[torch.Tensor, torch.Tensor]  # (sorted flat keys, int64 counts)
 # slipstream.sync_precision: what the push and the replica sync send a row's values as
-# (wire_rows.py; int8: a row's values at one fp32 scale)
+# (wire_rows.py; int8: a row's values at one bf16 scale)
 WIRE_DTYPES = {SyncPrecision.fp32: torch.float32, SyncPrecision.bf16: torch.bfloat16, SyncPrecision.int8: torch.int8}
 
 
