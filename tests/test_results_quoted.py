@@ -1090,6 +1090,7 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (a61cf5e, dim 16 over 200mbit) | link |", ["network_halfcheck_dim16_200mbit"]),
     ("| seed (081d985, dim 16 over 200mbit, seeds 3-5) | link |", ["network_halfcheck_seeds3to5_dim16_200mbit"]),
     ("| seed (539511b, dim 16 over 200mbit) | link |", ["network_lookend_dim16_200mbit"]),
+    ("| seed (3460cc9, dim 16 over 200mbit) | link |", ["network_bf16scale_dim16_200mbit"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
@@ -1312,3 +1313,19 @@ def test_the_recheck_held_to_the_end_over_200mbit_is_quoted():
             f"against {then['serving']:.2f}, its precision probe's fp32 step "
             f"{mine[0]['precision']['probe']['fp32_ms_per_step']:.1f} ms against "
             f"{before[('defaults', 0)]['precision']['probe']['fp32_ms_per_step']:.1f}") in section
+
+
+def test_the_bf16_scale_over_200mbit_is_quoted():
+    """The program's push and replica bytes per trained sample before and after the bf16 scale
+    and the served share, as docs/results/serve.md's section on 3460cc9 quotes them."""
+    def defaults(name):
+        return [r for r in json.loads((RESULTS / f"{name}.json").read_text())["runs"] if r["job"] == "defaults"]
+
+    now, before = defaults("network_bf16scale_dim16_200mbit"), defaults("network_lookend_dim16_200mbit")
+    section = " ".join(_serve_section("## int8 rows at a bf16 scale (3460cc9)").split())
+    mean = lambda rs, k: statistics.mean(r["program_off_rank_bytes_per_sample"][k] for r in rs)  # noqa: E731
+    assert (f"the pushes {mean(now, 'push'):.1f} bytes per trained sample instead of {mean(before, 'push'):.1f} and "
+            f"the replica's syncs {mean(now, 'replica'):.1f} instead of {mean(before, 'replica'):.1f}") in section
+    assert {f"{r['served_fraction']:.3f}" for r in now} == {"0.926"} and "(0.926)" in section
+    # the bf16 scale: 2 bytes a row fewer on both collectives (rows pushed and synced per sample)
+    assert mean(now, "push") < mean(before, "push") and mean(now, "replica") < mean(before, "replica")
