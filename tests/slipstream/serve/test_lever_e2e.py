@@ -111,7 +111,9 @@ def test_a_tolerated_cost_keeps_serving_and_rechecks_it_with_a_window_without(ru
     # windows serving, then one without, cut short: serving wins by far more than the line (5
     # steps timed after the 2 that settle)
     off_start = first + RECHECK["tolerated"] * WINDOW
-    assert second == off_start + 2 + 5 and "cuts the window short" in decisions[1]["reason"], decisions[1]
+    # (at its quarter or, where the first 5 steps' figure is not yet that far past the line, at
+    # half: early_checks' 5 and 10 timed steps of 20; a loaded machine has measured either)
+    assert second - off_start - 2 in (5, 10) and "cuts the window short" in decisions[1]["reason"], decisions[1]
     train = {r["step"]: r for r in _records(run_dir, "train")}
     served = lambda a, b: train[b]["lookups_served"] - train[a]["lookups_served"]  # noqa: E731
     # serving windows serve; the window without serves only the batches split before it began,
