@@ -47,8 +47,8 @@ def scaled_fp16_hook(scale: float) -> Callable[..., Any]:
 
     # (no annotations: DDP reads the signature and takes only dist.GradBucket itself, not the
     # string this module's postponed annotations would give it)
-    def scaled_fp16_compress_hook(_state, bucket):  # type: ignore[no-untyped-def]
-        group = dist.group.WORLD
+    def scaled_fp16_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]
+        group = process_group if process_group is not None else dist.group.WORLD  # as PyTorch's hooks
         world = group.size()  # type: ignore[union-attr]
         buffer = bucket.buffer()
         bound = FP16_MAX / world

@@ -130,8 +130,9 @@ class TrainerConfig:
     ddp_comm_hook: DDPCommHook = DDPCommHook.none
     # fp16 hook only: each gradient bucket multiplied by this before its fp16 cast and divided
     # after the all-reduce: a batch mean's small gradients (many below fp16's normal range,
-    # 6.1e-5) keep their bits. A bucket whose scaled values would pass fp16's largest is sent
-    # unscaled that step (one more all-reduce of a flag). null: PyTorch's fp16_compress_hook.
+    # 6.1e-5) keep their bits. Each rank's scaled values are clamped to fp16's largest over the
+    # world size, so the sum cannot overflow (a gradient past 65504 / this is clipped there).
+    # null: PyTorch's fp16_compress_hook.
     ddp_comm_hook_scale: Optional[float] = None
     # Seconds a collective may wait before the job fails instead of hanging (a dead or stuck
     # rank): the surviving ranks exit with an error naming this key, and torchrun restarts them.

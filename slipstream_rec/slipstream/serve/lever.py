@@ -69,7 +69,7 @@ from slipstream_rec.slipstream.config import ServeWhen, SlipstreamConfig
 
 __all__ = [
     "EARLY_CHECKS", "LeverState", "MIN_TIMED", "ServeLever", "SETTLE_STEPS", "early_checks", "look_windows",
-    "window_loss", "window_steps",
+    "ms_per_step", "window_loss", "window_steps",
 ]  # fmt: skip
 
 # Steps after a window boundary before its timing starts: TorchRec's TrainPipelineSparseDist
@@ -104,7 +104,7 @@ class LeverState(Enum):
         return self is not LeverState.down
 
 
-def _ms(seconds: Optional[float]) -> Optional[float]:
+def ms_per_step(seconds: Optional[float]) -> Optional[float]:
     return None if seconds is None else round(1e3 * seconds, 3)
 
 
@@ -351,8 +351,8 @@ class ServeLever:
             "step": step,
             "from": before.value,
             "to": self.state.value,
-            "serving_ms_per_step": _ms(self.on_s),
-            "standing_down_ms_per_step": _ms(self.off_s),
+            "serving_ms_per_step": ms_per_step(self.on_s),
+            "standing_down_ms_per_step": ms_per_step(self.off_s),
             "reason": reason,
         }
         self.decisions.append(rec)
@@ -369,8 +369,8 @@ class ServeLever:
             "state": self.state.value if self.auto else "always",
             "window_steps": self.window,
             "min_gain": self.min_gain,
-            "serving_ms_per_step": _ms(self.on_s),
-            "standing_down_ms_per_step": _ms(self.off_s),
+            "serving_ms_per_step": ms_per_step(self.on_s),
+            "standing_down_ms_per_step": ms_per_step(self.off_s),
             # where serving or standing down is re-checked next (None: in no decided state, or
             # held to the run's end)
             "recheck_at_step": (

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.timing import timed
 from slipstream_rec.slipstream import stats
-from slipstream_rec.slipstream.serve.lever import MIN_TIMED, LeverState
+from slipstream_rec.slipstream.serve.lever import MIN_TIMED, LeverState, ms_per_step
 
 if TYPE_CHECKING:  # the controller imports this module
     from slipstream_rec.slipstream.controller import SlipstreamController
@@ -54,7 +54,7 @@ class WindowClock:
         same figures."""
         if seconds_per_step is None:
             return
-        figure = {"step": step, "state": state.value, "timed_steps": timed_steps, "ms_per_step": round(1e3 * seconds_per_step, 3)}
+        figure = {"step": step, "state": state.value, "timed_steps": timed_steps, "ms_per_step": ms_per_step(seconds_per_step)}
         self.figures.append(figure)
         self._new.append(figure)
         self.measured += 1
