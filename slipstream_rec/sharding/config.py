@@ -31,6 +31,19 @@ class CommPrecision(Enum):
     int8 = "int8"
 
 
+class QCommsPlanning(Enum):
+    """What the planner is told the quantized comms cost (``sharding.qcomms.plan_as``)."""
+
+    # The comms at fp32: the plan is the one the run has without qcomms, and only the precision
+    # on the wire changes. Told they cost half, TorchRec's planner spends the saving on another
+    # plan: on clicklog it moved tables off data_parallel (and, offered the row-wise kinds, every
+    # table to table_row_wise), sending more bytes and training to a lower test AUC than the
+    # same comms on the plan without them (docs/performance.md, quantized comms).
+    fp32 = "fp32"
+    # The codecs' own sizes (TorchRec's behaviour): the planner may choose another plan.
+    quantized = "quantized"
+
+
 class AutoTypes(Enum):
     """The sharding kinds ``type: auto`` lets TorchRec's planner choose from (of those
     ShardingKind names)."""
@@ -47,8 +60,9 @@ class QCommsConfig:
     """TorchRec's quantized comms (``torchrec.distributed.fbgemm_qcomm_codec``): the pooled
     embeddings' all-to-all / reduce-scatter and their gradients are encoded before they are sent
     and decoded on arrival. The ids (the input all-to-all) are never quantized. Built into one
-    codec registry handed to the sharder, which the planner and DMP share (the planner reads the
-    codec's element size into its communication cost)."""
+    codec registry handed to the sharder DMP builds the output dists with; the planner gets it
+    too only with ``plan_as=quantized`` (it reads the codec's element size into its
+    communication cost)."""
 
     # Precision of the pooled embeddings sent in the forward: fp32 (off), fp16, bf16, int8.
     forward: CommPrecision = CommPrecision.fp32
@@ -59,6 +73,10 @@ class QCommsConfig:
     # thousands makes them small enough that fp16 (bf16's stand-in on gloo) holds many only as
     # subnormals (below 6.1e-5), with few bits, or as zero. null: none. fp16 / bf16 only.
     backward_loss_scale: Optional[float] = None
+    # What the planner costs the comms at: fp32 (the plan without qcomms; only the wire's
+    # precision changes) or quantized (the codecs' sizes, TorchRec's behaviour: it may choose
+    # another plan). Only the planner reads it; the sharded model always sends through the codecs.
+    plan_as: QCommsPlanning = QCommsPlanning.fp32
 
     @property
     def enabled(self) -> bool:

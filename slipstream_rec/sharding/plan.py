@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -22,7 +23,14 @@ from torchrec.distributed.sharding_plan import _calculate_cw_shard_sizes_and_off
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
-from slipstream_rec.sharding.config import AutoTypes, ComputeKernel, ShardingConfig, ShardingKind
+from slipstream_rec.sharding.config import (
+    AutoTypes,
+    ComputeKernel,
+    QCommsConfig,
+    QCommsPlanning,
+    ShardingConfig,
+    ShardingKind,
+)
 from slipstream_rec.sharding.qcomms import check_qcomms, codecs_registry
 from slipstream_rec.sharding.sharder import (
     SlipstreamEmbeddingBagCollectionSharder,
@@ -231,14 +239,26 @@ def make_planner(
 def make_sharders(
     cfg: Optional[ShardingConfig] = None, device_type: str = "cpu"
 ) -> List[ModuleSharder[nn.Module]]:
-    """The one sharder list given to both the planner and DMP (they must agree): the planner
-    reads the quantized comms' element size from it, DMP builds the output dists with them."""
+    """The sharder list DMP builds the sharded modules with (the output dists with the quantized
+    comms' codecs); the planner's is ``planner_sharders``."""
     fused_params = None
     if cfg is not None and cfg.cache_stats and device_type == "cuda":
         # FBGEMM's TBE then counts its GPU cache's lookups and misses (get_uvm_cache_stats).
         fused_params = {"gather_uvm_cache_stats": True}
     registry = codecs_registry(cfg.qcomms, torch.device(device_type)) if cfg is not None else None
     return [SlipstreamEmbeddingBagCollectionSharder(fused_params=fused_params, qcomm_codecs_registry=registry)]
+
+
+def planner_sharders(
+    cfg: ShardingConfig, sharders: List[ModuleSharder[nn.Module]], device_type: str = "cpu"
+) -> List[ModuleSharder[nn.Module]]:
+    """The sharders the planner plans with: DMP's ``sharders`` where ``sharding.qcomms.plan_as``
+    is quantized (the planner costs the codecs' sizes), else the same sharders without the
+    codecs, so that the planner costs fp32 comms and the plan is the one without qcomms. The
+    plan names no codec: DMP's sharders then send that plan's collectives through theirs."""
+    if cfg.qcomms.plan_as is QCommsPlanning.quantized or not cfg.qcomms.enabled:
+        return sharders
+    return make_sharders(replace(cfg, qcomms=QCommsConfig()), device_type)
 
 
 def shard_model(
@@ -256,7 +276,8 @@ def shard_model(
     local_world_size = int(__import__("os").environ.get("LOCAL_WORLD_SIZE", world_size))
     sharders = make_sharders(cfg, device.type)
     plan = build_plan(
-        model, cfg, tables, sharders, world_size, local_world_size, device, batch_size, pg
+        model, cfg, tables, planner_sharders(cfg, sharders, device.type), world_size,
+        local_world_size, device, batch_size, pg,
     )
     check_qcomms(cfg, plan, batch_size)  # the same plan and config on every rank: all or none raise
     return DistributedModelParallel(

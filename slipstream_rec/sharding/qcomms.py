@@ -2,8 +2,9 @@
 
 TorchRec's ``QCommsConfig`` + ``get_qcomm_codecs_registry`` give one codec per embedding
 collective (pooled all-to-all, reduce-scatter, sequence all-to-all) and direction. The registry
-goes to the project's one sharder, which both the planner (it costs the communication with the
-codec's element size) and DMP (it builds the output dists with it) are given.
+goes to the sharder DMP builds the output dists with, and to the planner's only with
+``sharding.qcomms.plan_as=quantized`` (it then costs the communication with the codec's element
+size; by default it plans as for fp32 comms, ``plan.planner_sharders``).
 
 The byte meter of ``SlipstreamShardedEBC`` counts the fp32 pooled embeddings and gradients it
 hands to each output dist; the codec encodes them inside the collective. ``wire_factor`` says
@@ -141,6 +142,7 @@ def qcomms_summary(cfg: QCommsConfig, registry: Optional[Dict[str, Any]]) -> Dic
         "forward_wire_factor": wire_factor(registry, "forward"),
         "backward_wire_factor": wire_factor(registry, "backward"),
         "backward_loss_scale": cfg.backward_loss_scale,
+        "plan_as": cfg.plan_as.value,
     }
 
 

@@ -13,9 +13,10 @@ CLICKLOG_ROWS = [100000, 200, 60, 3000, 6, 14, 26, 8, 40, 51200, 35806, 8000, 20
                  25000, 10000, 40, 54943, 2, 24, 7, 10, 6, 500]  # fmt: skip
 
 
-def meta_model(rows: List[int]):
-    """The project's DLRM (dim 16, one table per feature of ``rows`` rows) on the meta device,
-    its optimizer fused as in training, and its table configs: what the planner plans."""
+def meta_model(rows: List[int], device: str = "meta"):
+    """The project's DLRM (dim 16, one table per feature of ``rows`` rows) on the meta device
+    (or ``device``), its optimizer fused as in training, and its table configs: what the planner
+    plans."""
     import torch
     from slipstream_rec.model.config import ModelConfig
     from slipstream_rec.model.dlrm import build_model, embedding_bag_configs
@@ -23,7 +24,7 @@ def meta_model(rows: List[int]):
 
     feats = [f"f{i}" for i in range(len(rows))]
     model_cfg = ModelConfig(embedding_dim=16)
-    model = build_model(model_cfg, 13, feats, rows, torch.device("meta"))
+    model = build_model(model_cfg, 13, feats, rows, torch.device(device))
     fuse_embedding_optimizer(model, EmbeddingOptimConfig())
     return model, embedding_bag_configs(model_cfg, feats, rows)
 

@@ -62,6 +62,35 @@ def test_auto_on_cpu_plans_as_torchrecs_planner_with_its_own_sharder(local_world
     assert every & {"row_wise", "table_row_wise"}
 
 
+@pytest.mark.parametrize("local_world_size", [1, 2])
+def test_quantized_comms_keep_the_plan_unless_the_planner_is_told_their_sizes(local_world_size):
+    from dataclasses import replace
+
+    from slipstream_rec.sharding.config import CommPrecision, QCommsConfig, QCommsPlanning
+    from slipstream_rec.sharding.plan import make_planner, make_sharders, planner_sharders
+
+    model, tables = meta_model(CLICKLOG_ROWS)
+
+    def plan(cfg, sharders):
+        p = make_planner(cfg, tables, 2, local_world_size, "cpu", 2048).plan(model, sharders)
+        return {t: ps.sharding_type for mp in p.plan.values() for t, ps in mp.items()}
+
+    plain = ShardingConfig()
+    without = plan(plain, make_sharders(plain))  # the reference: no qcomms at all
+    q = ShardingConfig(qcomms=QCommsConfig(forward=CommPrecision.fp16, backward=CommPrecision.bf16))
+    told = replace(q, qcomms=replace(q.qcomms, plan_as=QCommsPlanning.quantized))
+    dmp_sharders = make_sharders(q)
+    assert dmp_sharders[0].qcomm_codecs_registry  # DMP's sharder sends through the codecs
+    assert not planner_sharders(q, dmp_sharders)[0].qcomm_codecs_registry
+    assert plan(q, planner_sharders(q, dmp_sharders)) == without
+    # Told the codecs' sizes, TorchRec's planner moves small tables off data_parallel: t_f25
+    # across two nodes, t_f1 and t_f13 (t_user_segment, t_ad_category on clicklog) on one.
+    told_sharders = make_sharders(told)
+    assert planner_sharders(told, told_sharders) is told_sharders
+    moved = {t for t, kind in plan(told, told_sharders).items() if kind != without[t]}
+    assert moved == ({"t_f25"} if local_world_size == 1 else {"t_f1", "t_f13"})
+
+
 # Two hash seeds under which TorchRec's planner, offered column_wise beside table_wise for these
 # 16-wide tables, picks column_wise (0) and table_wise (1): found by trying seeds 0-5.
 HASH_SEEDS = (0, 1)

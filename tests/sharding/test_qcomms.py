@@ -198,11 +198,14 @@ def test_qcomms_options_compose_and_reach_the_summary_fields():
     got = qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms, torch.device("cpu")))
     # bf16 becomes fp16 on gloo (TorchRec's fallback), and the summary says so
     assert got == {"forward": "fp16", "backward": "bf16", "forward_on_wire": "fp16", "backward_on_wire": "fp16",
-                   "forward_wire_factor": 0.5, "backward_wire_factor": 0.5, "backward_loss_scale": None}
+                   "forward_wire_factor": 0.5, "backward_wire_factor": 0.5, "backward_loss_scale": None,
+                   "plan_as": "fp32"}
     off = load_config(["slipstream=off"]).sharding.qcomms
     assert codecs_registry(off, torch.device("cpu")) is None
     with pytest.raises(ConfigError, match="sharding.qcomms.forward.*fp8"):
         load_config(["sharding.qcomms.forward=fp8"])
+    with pytest.raises(ConfigError, match="sharding.qcomms.plan_as.*int8"):
+        load_config(["sharding.qcomms.plan_as=int8"])
     with pytest.raises(ConfigError, match="sharding.qcomms.backward=int8 .*slipstream.action=serve"):
         load_config(["sharding.qcomms.backward=int8", "slipstream=serve"])
 
@@ -247,3 +250,36 @@ def test_the_backward_loss_scale_is_refused_where_torchrec_would_drop_it():
         cfg = load_config([*overrides, "slipstream=off"]).sharding.qcomms
         with pytest.raises(ValueError, match=match):
             codecs_registry(cfg, torch.device("cpu"))
+
+
+def planned_worker(env):
+    """Shard the clicklog-sized model with and without qcomms: the plan each DMP runs, and the
+    codec precision its table-wise output dist sends in."""
+    from slipstream_rec.sharding.config import CommPrecision, QCommsConfig, QCommsPlanning, ShardingConfig
+    from slipstream_rec.sharding.plan import describe_plan, shard_model
+    from tests.sharding._clicklog_plan import CLICKLOG_ROWS, meta_model
+
+    fp16 = dict(forward=CommPrecision.fp16, backward=CommPrecision.bf16)
+    out = {}
+    for name, qcomms in [("none", QCommsConfig()), ("fp32", QCommsConfig(**fp16)),
+                         ("quantized", QCommsConfig(**fp16, plan_as=QCommsPlanning.quantized))]:  # fmt: skip
+        model, tables = meta_model(CLICKLOG_ROWS, device="cpu")
+        dmp = shard_model(model, ShardingConfig(qcomms=qcomms), tables, torch.device("cpu"), 2048)
+        sharded = dmp.module.model.sparse_arch.embedding_bag_collection
+        codecs = {  # TorchRec's table-wise output dist keeps its codecs (built on first use)
+            type(dist).__name__: str(dist._codecs.forward._comm_precision.name)
+            for dist in sharded._output_dists
+            if getattr(dist, "_codecs", None) is not None
+        }
+        out[name] = (describe_plan(dmp), codecs)
+    return out
+
+
+def test_qcomms_send_through_the_codecs_on_the_plan_without_them():
+    """sharding.qcomms.plan_as=fp32 (the default): shard_model plans as without qcomms and DMP's
+    output dists still encode; quantized: the planner sees the codecs and moves tables."""
+    for got in run_workers(planned_worker, WORLD):
+        (none, no_codecs), (fp32, fp32_codecs), (quantized, _) = got["none"], got["fp32"], got["quantized"]
+        assert not no_codecs
+        assert fp32 == none and set(fp32_codecs.values()) == {"FP16"}
+        assert quantized != none  # the test's premise: told the sizes, the planner moves tables
