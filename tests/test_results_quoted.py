@@ -1329,3 +1329,42 @@ def test_the_bf16_scale_over_200mbit_is_quoted():
     assert {f"{r['served_fraction']:.3f}" for r in now} == {"0.926"} and "(0.926)" in section  # seeds 0 and 1
     # the bf16 scale: 2 bytes a row fewer on both collectives (rows pushed and synced per sample)
     assert mean(now, "push") < mean(before, "push") and mean(now, "replica") < mean(before, "replica")
+
+
+def test_quantized_comms_across_two_nodes_are_quoted():
+    """docs/performance.md's two tables of qcomms across the emulated nodes on the plan without
+    them (d6b573e): per seed at dim 16 over 200mbit, each job's seconds, the ratios and the
+    paired test AUC; at dim 128 over 1gbit each job's seconds, counted bytes, compute and
+    Slipstream's own seconds."""
+    doc = "docs/performance.md"
+    runs = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_qcomms_fp32plan_200mbit.json").read_text())["runs"]}
+    rows = _rows(doc, "| seed (d6b573e, dim 16, 200mbit) |")
+    assert len(rows) == 3
+    for row in rows:
+        seed = int(row[0])
+        off, oq, de, dq = (runs[(job, seed)] for job in ("off", "off+qcomms", "defaults", "defaults+qcomms"))
+        t = lambda r: r["train_seconds"]  # noqa: E731
+        auc = lambda r: r["test_auc"] - off["test_auc"]  # noqa: E731
+        for cell, value in zip(row[1:], [t(off), t(oq), t(off) / t(oq), t(de), t(dq), t(de) / t(dq), auc(oq), auc(de), auc(dq)]):
+            _check(cell, [value])
+        assert oq["sharding_plan"] == off["sharding_plan"]  # plan_as=fp32: off's plan
+
+    def load(name):
+        return json.loads((RESULTS / f"{name}.json").read_text())["runs"]
+
+    big = {r["job"]: r for r in load("network_qcomms_fp32plan_dim128_1gbit")}
+    big["always"] = load("network_qcomms_serve_always_dim128_1gbit")[0]
+    small = load("network_qcomms_serve_always_dim16_200mbit")[0]
+    rows = _rows(doc, "| job (d6b573e, seed 0) |")
+    assert len(rows) == 6
+    for row, r in zip(rows, [big["off"], big["off+qcomms"], big["defaults"], big["defaults+qcomms"], big["always"], small]):
+        off = big["off"] if r is not small else runs[("off", 0)]
+        tb, counted = r["time_breakdown_rank0"], r["program_bytes_per_sample"]
+        _check(row[2], [r["train_seconds"]])
+        if r is not big["off"]:
+            _check(row[3].split("(")[0], [off["train_seconds"] / r["train_seconds"]])
+            _check(row[7], [r["test_auc"] - off["test_auc"]])
+        _check(row[4], [counted["total"], counted["embedding"], counted["dense"]])
+        _check(row[5], [tb["forward"] + tb["backward"]])
+        if row[6].strip():
+            _check(row[6], [tb["slipstream"] + tb["serving"]])
