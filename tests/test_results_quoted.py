@@ -1368,3 +1368,23 @@ def test_quantized_comms_across_two_nodes_are_quoted():
         _check(row[5], [tb["forward"] + tb["backward"]])
         if row[6].strip():
             _check(row[6], [tb["slipstream"] + tb["serving"]])
+
+
+def test_the_defaults_with_quantized_comms_at_dim_128_are_quoted():
+    """The per-seed table of the defaults with and without qcomms at dim 128 over 1gbit: seed 0
+    from the four-job run, seeds 1 and 2 from their own; each row's seconds, ratio and paired
+    AUC, and the lever's stand-down on every run with qcomms."""
+    def load(name):
+        return json.loads((RESULTS / f"{name}.json").read_text())["runs"]
+
+    runs = {(r["job"], r["seed"]): r for r in load("network_qcomms_defaults_seeds12_dim128_1gbit")}
+    runs.update({(r["job"], 0): r for r in load("network_qcomms_fp32plan_dim128_1gbit")})
+    rows = _rows("docs/performance.md", "| seed (d6b573e, dim 128, 1gbit) |")
+    assert [int(r[0]) for r in rows] == [0, 1, 2]
+    for row in rows:
+        de, dq = runs[("defaults", int(row[0]))], runs[("defaults+qcomms", int(row[0]))]
+        for cell, value in zip(row[1:], [de["train_seconds"], dq["train_seconds"], de["train_seconds"] / dq["train_seconds"],
+                                         dq["test_auc"] - de["test_auc"]]):
+            _check(cell, [value])
+        assert dq["serve_lever"]["decisions"][0]["step"] == 62 and dq["served_fraction"] < 0.02
+        assert 0.925 <= round(de["served_fraction"], 3) <= 0.926
