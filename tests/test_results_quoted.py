@@ -1331,13 +1331,18 @@ def test_the_bf16_scale_over_200mbit_is_quoted():
     assert mean(now, "push") < mean(before, "push") and mean(now, "replica") < mean(before, "replica")
 
 
+def _network_runs(name: str) -> List[dict]:
+    """The runs of benchmarks/results/``name``.json (benchmarks/network.py)."""
+    return json.loads((RESULTS / f"{name}.json").read_text())["runs"]
+
+
 def test_quantized_comms_across_two_nodes_are_quoted():
     """docs/performance.md's two tables of qcomms across the emulated nodes on the plan without
     them (d6b573e): per seed at dim 16 over 200mbit, each job's seconds, the ratios and the
     paired test AUC; at dim 128 over 1gbit each job's seconds, counted bytes, compute and
     Slipstream's own seconds."""
     doc = "docs/performance.md"
-    runs = {(r["job"], r["seed"]): r for r in json.loads((RESULTS / "network_qcomms_fp32plan_200mbit.json").read_text())["runs"]}
+    runs = {(r["job"], r["seed"]): r for r in _network_runs("network_qcomms_fp32plan_200mbit")}
     rows = _rows(doc, "| seed (d6b573e, dim 16, 200mbit) |")
     assert len(rows) == 3
     for row in rows:
@@ -1349,12 +1354,9 @@ def test_quantized_comms_across_two_nodes_are_quoted():
             _check(cell, [value])
         assert oq["sharding_plan"] == off["sharding_plan"]  # plan_as=fp32: off's plan
 
-    def load(name):
-        return json.loads((RESULTS / f"{name}.json").read_text())["runs"]
-
-    big = {r["job"]: r for r in load("network_qcomms_fp32plan_dim128_1gbit")}
-    big["always"] = load("network_qcomms_serve_always_dim128_1gbit")[0]
-    small = load("network_qcomms_serve_always_dim16_200mbit")[0]
+    big = {r["job"]: r for r in _network_runs("network_qcomms_fp32plan_dim128_1gbit")}
+    big["always"] = _network_runs("network_qcomms_serve_always_dim128_1gbit")[0]
+    small = _network_runs("network_qcomms_serve_always_dim16_200mbit")[0]
     rows = _rows(doc, "| job (d6b573e, seed 0) |")
     assert len(rows) == 6
     for row, r in zip(rows, [big["off"], big["off+qcomms"], big["defaults"], big["defaults+qcomms"], big["always"], small]):
@@ -1374,11 +1376,8 @@ def test_the_defaults_with_quantized_comms_at_dim_128_are_quoted():
     """The per-seed table of the defaults with and without qcomms at dim 128 over 1gbit: seed 0
     from the four-job run, seeds 1 and 2 from their own; each row's seconds, ratio and paired
     AUC, and the lever's stand-down on every run with qcomms."""
-    def load(name):
-        return json.loads((RESULTS / f"{name}.json").read_text())["runs"]
-
-    runs = {(r["job"], r["seed"]): r for r in load("network_qcomms_defaults_seeds12_dim128_1gbit")}
-    runs.update({(r["job"], 0): r for r in load("network_qcomms_fp32plan_dim128_1gbit")})
+    runs = {(r["job"], r["seed"]): r for r in _network_runs("network_qcomms_defaults_seeds12_dim128_1gbit")}
+    runs.update({(r["job"], 0): r for r in _network_runs("network_qcomms_fp32plan_dim128_1gbit")})
     rows = _rows("docs/performance.md", "| seed (d6b573e, dim 128, 1gbit) |")
     assert [int(r[0]) for r in rows] == [0, 1, 2]
     for row in rows:
