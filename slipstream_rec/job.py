@@ -29,8 +29,10 @@ from slipstream_rec.preflight import fixed_run_dir, policy_cannot_act
 from slipstream_rec.resume_rules import check_trains_something, config_changes
 from slipstream_rec.sharding.plan import describe_plan, shard_model
 from slipstream_rec.sharding.qcomms import codecs_registry, qcomms_summary
+from slipstream_rec.sharding.qcomms_switch import make_comms_probe, make_comms_switch
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.comm_hooks import install_ddp_comm_hook
+from slipstream_rec.training.config import DDPCommHook
 from slipstream_rec.training.downsampling import NegativeDownsampler
 from slipstream_rec.training.embedding_traffic import run_meter
 from slipstream_rec.training.host_memory import apply_host_memory
@@ -164,9 +166,12 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
     tables = embedding_bag_configs(
         job.model, meta.sparse_feature_names, meta.num_embeddings_per_feature
     )
-    dmp = shard_model(model, job.sharding, tables, env.device, tr.batch_size)
+    # sharding.qcomms.when=auto: the codecs and the DDP hook behind one switch, and its probe
+    switch = make_comms_switch(job.sharding.qcomms, tr.ddp_comm_hook is not DDPCommHook.none)
+    comms_probe = make_comms_probe(job.sharding.qcomms, switch)
+    dmp = shard_model(model, job.sharding, tables, env.device, tr.batch_size, switch=switch)
     # before the first backward; local (every rank registers the same hook)
-    ddp_hook = install_ddp_comm_hook(dmp, tr.ddp_comm_hook, run_meter(dmp), tr.ddp_comm_hook_scale)
+    ddp_hook = install_ddp_comm_hook(dmp, tr.ddp_comm_hook, run_meter(dmp), tr.ddp_comm_hook_scale, switch)
     optimizer, scheduler = build_optimizer(dmp, job.optim)
     plan = describe_plan(dmp)
     checkpointer = Checkpointer(
@@ -240,6 +245,7 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         downsampling,
         checkpointer,
         run_dir=run_dir,
+        comms_probe=comms_probe,
     )
     progress.trainer = trainer
     try:
@@ -283,7 +289,10 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         "batch_size_per_rank": tr.batch_size,
         "sharding": job.sharding.type.value,
         "sharding_plan": plan,
-        "qcomms": qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms, env.device)),
+        "qcomms": {
+            **qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms, env.device)),
+            **trainer.comms_summary(),
+        },
         "ddp_comm_hook": ddp_hook,
         "host_memory": host_memory,
         "policy": job.slipstream.policy.value,

@@ -44,6 +44,18 @@ class QCommsPlanning(Enum):
     quantized = "quantized"
 
 
+class QCommsWhen(Enum):
+    """When the quantized comms (and ``trainer.ddp_comm_hook``) run (``sharding.qcomms.when``)."""
+
+    # Every step, as configured.
+    always = "always"
+    # Timed on the run's own steps, quantized against fp32 in turns, after the precision probe:
+    # kept only where quantized steps are ``min_gain`` faster (across nodes, where the link is
+    # the cost); else fp32 comms and the plain all-reduce for the rest of the run (on one node
+    # they save no time and cost precision). sharding/qcomms_switch.py.
+    auto = "auto"
+
+
 class AutoTypes(Enum):
     """The sharding kinds ``type: auto`` lets TorchRec's planner choose from (of those
     ShardingKind names)."""
@@ -77,6 +89,13 @@ class QCommsConfig:
     # precision changes) or quantized (the codecs' sizes, TorchRec's behaviour: it may choose
     # another plan). Only the planner reads it; the sharded model always sends through the codecs.
     plan_as: QCommsPlanning = QCommsPlanning.fp32
+    # always (every step as configured) or auto (kept only where the run's own steps time them
+    # faster; they and trainer.ddp_comm_hook switch together). Nothing quantized: no effect.
+    when: QCommsWhen = QCommsWhen.always
+    # auto: steps timed with each (quantized and fp32 comms, in turns of 4); 0: no timing, on.
+    probe_steps: int = 16
+    # auto: how much faster the quantized steps' median must be to keep them (0.05: 5%).
+    min_gain: float = 0.05
 
     @property
     def enabled(self) -> bool:

@@ -32,6 +32,7 @@ from slipstream_rec.sharding.config import (
     ShardingKind,
 )
 from slipstream_rec.sharding.qcomms import check_qcomms, codecs_registry
+from slipstream_rec.sharding.qcomms_switch import CommsSwitch, switch_registry
 from slipstream_rec.sharding.sharder import (
     SlipstreamEmbeddingBagCollectionSharder,
 )
@@ -237,15 +238,18 @@ def make_planner(
 
 
 def make_sharders(
-    cfg: Optional[ShardingConfig] = None, device_type: str = "cpu"
+    cfg: Optional[ShardingConfig] = None, device_type: str = "cpu", switch: Optional[CommsSwitch] = None
 ) -> List[ModuleSharder[nn.Module]]:
     """The sharder list DMP builds the sharded modules with (the output dists with the quantized
-    comms' codecs); the planner's is ``planner_sharders``."""
+    comms' codecs, each behind ``switch`` where given: ``sharding.qcomms.when=auto``); the
+    planner's is ``planner_sharders``."""
     fused_params = None
     if cfg is not None and cfg.cache_stats and device_type == "cuda":
         # FBGEMM's TBE then counts its GPU cache's lookups and misses (get_uvm_cache_stats).
         fused_params = {"gather_uvm_cache_stats": True}
     registry = codecs_registry(cfg.qcomms, torch.device(device_type)) if cfg is not None else None
+    if registry is not None and switch is not None:
+        registry = switch_registry(registry, switch)
     return [SlipstreamEmbeddingBagCollectionSharder(fused_params=fused_params, qcomm_codecs_registry=registry)]
 
 
@@ -268,13 +272,15 @@ def shard_model(
     device: torch.device,
     batch_size: int,
     pg: Optional[dist.ProcessGroup] = None,
+    switch: Optional[CommsSwitch] = None,
 ) -> DistributedModelParallel:
-    """Plan and wrap ``model`` in DMP. Collective: every rank of ``pg`` must call it."""
+    """Plan and wrap ``model`` in DMP, its codecs behind ``switch`` where given. Collective:
+    every rank of ``pg`` must call it."""
     pg = pg or dist.GroupMember.WORLD
     assert pg is not None, "init the default process group before sharding"
     world_size = dist.get_world_size(pg)
     local_world_size = int(__import__("os").environ.get("LOCAL_WORLD_SIZE", world_size))
-    sharders = make_sharders(cfg, device.type)
+    sharders = make_sharders(cfg, device.type, switch)
     plan = build_plan(
         model, cfg, tables, planner_sharders(cfg, sharders, device.type), world_size,
         local_world_size, device, batch_size, pg,

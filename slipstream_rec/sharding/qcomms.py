@@ -28,6 +28,7 @@ from torchrec.distributed.fbgemm_qcomm_codec import QCommsConfig as TorchRecQCom
 from torchrec.distributed.types import CommOp, QuantizedCommCodec, ShardingPlan, ShardingType
 
 from slipstream_rec.sharding.config import CommPrecision, QCommsConfig, ShardingConfig
+from slipstream_rec.sharding.qcomms_switch import SwitchedCodec
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,9 @@ def wire_factor(registry: Optional[Dict[str, Any]], direction: str) -> float:
     if not registry:
         return 1.0
     codec = getattr(registry[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name], direction)
+    # the configured codec's rate, whatever sharding.qcomms.when=auto's switch says now: the
+    # bytes sent while it was off are counted apart (qcomms_switch.PLAIN)
+    codec = codec.inner if isinstance(codec, SwitchedCodec) else codec
     values = 32 * 1024  # a multiple of int8's 32-value rows: the factor is exact
     wire = codec.calc_quantized_size(values, codec.create_context())
     return wire * torch.empty((), dtype=codec.quantized_dtype).element_size() / (values * 4)
@@ -143,6 +147,7 @@ def qcomms_summary(cfg: QCommsConfig, registry: Optional[Dict[str, Any]]) -> Dic
         "backward_wire_factor": wire_factor(registry, "backward"),
         "backward_loss_scale": cfg.backward_loss_scale,
         "plan_as": cfg.plan_as.value,
+        "when": cfg.when.value,
     }
 
 

@@ -35,6 +35,7 @@ from torchrec.distributed.types import Awaitable, LazyAwaitable, NoWait, Shardin
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from slipstream_rec.sharding import vbe_cpu
+from slipstream_rec.sharding.qcomms_switch import PLAIN, registry_switch
 from slipstream_rec.sharding.vbe_output import GatheredVariableBatchOutput
 
 
@@ -298,7 +299,8 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
     embeddings received from it, which its backward sends back). Sizes include the share a rank
     sends to itself; data-parallel tables have no collective and count nothing. The row-wise
     shardings' part of ``output`` and ``gradient`` is also kept under ``output/<type>`` and
-    ``gradient/<type>`` (``SPLIT_COUNTS``).
+    ``gradient/<type>`` (``SPLIT_COUNTS``), and what went at fp32 because
+    ``sharding.qcomms.when=auto`` had the codecs switched off under ``plain:<key>``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -316,6 +318,7 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
         self._rows_sum: Any = 0
         for sharding_type, output_dist in zip(self._sharding_types, self._output_dists):
             self._meter(sharding_type, output_dist)
+        self._comms_switch = registry_switch(self.qcomm_codecs_registry)
 
     def _meter(self, sharding_type: str, output_dist: torch.nn.Module) -> None:
         """Count what ``output_dist`` is given and the gradient it receives back (its first
@@ -371,10 +374,12 @@ class SlipstreamShardedEBC(ShardedEmbeddingBagCollection):
             self.a2a_bytes["input"] += sum(t.numel() * t.element_size() for t in args[0].dist_tensors())
 
     def _add(self, kind: str, part: Optional[str], nbytes: int) -> None:
-        self.a2a_bytes[kind] += nbytes
-        if part is not None:
-            key = f"{kind}/{part}"
-            self.a2a_bytes[key] = self.a2a_bytes.get(key, 0) + nbytes
+        # while sharding.qcomms.when=auto has the codecs switched off, these go at fp32: kept
+        # apart too (PLAIN + key), so the wire's count applies the codec's rate to the rest only
+        plain = self._comms_switch is not None and not self._comms_switch.on
+        for key in [kind] + ([f"{kind}/{part}"] if part is not None else []):
+            for counted in [key] + ([PLAIN + key] if plain else []):
+                self.a2a_bytes[counted] = self.a2a_bytes.get(counted, 0) + nbytes
 
     def _count_output(self, part: Optional[str], _module: Any, args: Tuple[Any, ...]) -> None:
         if self.training:

@@ -62,6 +62,19 @@ def scaled_fp16_hook(scale: float) -> Callable[..., Any]:
     return scaled_fp16_compress_hook
 
 
+def switched_hook(hook: Callable[..., Any], switch: Any) -> Callable[..., Any]:
+    """``hook`` while ``switch.on`` (``sharding.qcomms.when=auto``, sharding/qcomms_switch.py),
+    PyTorch's plain fp32 all-reduce hook (``allreduce_hook``) while it is off. The switch flips
+    only between steps, on every rank at the same step."""
+
+    def switched_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]
+        if switch.on:
+            return hook(process_group, bucket)
+        return default_hooks.allreduce_hook(process_group, bucket)
+
+    return switched_compress_hook
+
+
 def ddp_modules(model: nn.Module) -> List[DistributedDataParallel]:
     """Every DDP inside ``model`` (DMP's dense wrapper first when it has one), once each."""
     top = getattr(model, "_dmp_wrapped_module", None)
@@ -89,12 +102,13 @@ def bytes_per_step(ddp: DistributedDataParallel, hook: DDPCommHook) -> int:
 
 def install_ddp_comm_hook(
     model: nn.Module, hook: DDPCommHook, meter: Optional[MutableMapping[str, int]] = None,
-    scale: Optional[float] = None,
+    scale: Optional[float] = None, switch: Optional[Any] = None,
 ) -> Dict[str, Any]:
     """Register ``hook`` on every DDP of ``model`` (before its first backward), the fp16 one
-    scaled by ``scale`` where given (``scaled_fp16_hook``), and meter their bytes into ``meter``;
-    returns summary.json's ``ddp_comm_hook``. Local: no collective (every rank registers the
-    same hook, so the all-reduces stay matched)."""
+    scaled by ``scale`` where given (``scaled_fp16_hook``), behind ``switch`` where given
+    (``switched_hook``), and meter their bytes into ``meter``; returns summary.json's
+    ``ddp_comm_hook``. Local: no collective (every rank registers the same hook, so the
+    all-reduces stay matched)."""
     per_step = {"dense": 0, "data_parallel": 0}
     if scale is not None and (hook is not DDPCommHook.fp16 or not (math.isfinite(scale) and scale > 0)):
         raise ValueError(
@@ -103,6 +117,10 @@ def install_ddp_comm_hook(
             "trainer.ddp_comm_hook=fp16 with a positive scale (1024), or trainer.ddp_comm_hook_scale=null"
         )
     chosen = scaled_fp16_hook(scale) if scale is not None else _HOOKS.get(hook)
+    if chosen is not None and switch is not None:
+        chosen = switched_hook(chosen, switch)
+    else:
+        switch = None  # nothing to switch: every step sends as configured
     modules = ddp_modules(model)
     if hook is DDPCommHook.bf16 and modules and dist.get_backend(modules[0].process_group) != "nccl":
         # PyTorch refuses it at registration ("BF16 all reduce communication hook required
@@ -119,13 +137,18 @@ def install_ddp_comm_hook(
         nbytes = bytes_per_step(ddp, hook)
         per_step[kind] += nbytes
         if meter is not None:
-            ddp.register_forward_pre_hook(_counter(meter, kind, nbytes))
+            plain = bytes_per_step(ddp, DDPCommHook.none) if switch is not None else nbytes
+            ddp.register_forward_pre_hook(_counter(meter, kind, nbytes, plain, switch))
     return {"hook": hook.value, "scale": scale, "bytes_per_step": per_step}
 
 
-def _counter(meter: MutableMapping[str, int], kind: str, nbytes: int) -> Callable[..., None]:
+def _counter(
+    meter: MutableMapping[str, int], kind: str, nbytes: int, plain: int, switch: Optional[Any]
+) -> Callable[..., None]:
+    """Count a training step's all-reduce: ``nbytes``, or ``plain`` (fp32) while ``switch`` is off."""
+
     def count(module: nn.Module, _args: Any) -> None:
         if module.training and torch.is_grad_enabled():
-            meter[kind] = meter.get(kind, 0) + nbytes
+            meter[kind] = meter.get(kind, 0) + (plain if switch is not None and not switch.on else nbytes)
 
     return count

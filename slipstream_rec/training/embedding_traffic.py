@@ -7,7 +7,9 @@ sample, for every policy, so ``off``, ``skip`` and ``serve`` compare directly.
 - ``input``, ``output``, ``gradient``: the embedding all-to-alls (ids in; pooled embeddings
   out; their gradients back), metered by ``SlipstreamShardedEBC``. ``output`` and ``gradient``
   are what the quantized comms' codec puts on the wire (``sharding.qcomms``: the meter's fp32
-  bytes times the codec's factor, exact, see sharding/qcomms.py); the ids are never quantized.
+  bytes times the codec's factor, exact, see sharding/qcomms.py; with ``sharding.qcomms.when=auto``
+  the bytes sent while the codecs were switched off at fp32, sharding/qcomms_switch.py); the
+  ids are never quantized.
 - ``push``: serve's all-gathers of the served samples' row gradients (slipstream/serve/push.py).
 - ``replica``: serve's all-gathers that rebuild the replica of the stale rows (slipstream/serve/replica.py).
 - ``control``: the lock-step agreements' all-reduces (slipstream/lockstep.py).
@@ -40,6 +42,7 @@ from torch import nn
 
 from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.sharding.qcomms import wire_factor
+from slipstream_rec.sharding.qcomms_switch import PLAIN
 from slipstream_rec.sharding.sharded import SPLIT_COUNTS, SlipstreamShardedEBC
 
 EMBEDDING_KINDS = ("input", "output", "gradient")
@@ -64,7 +67,7 @@ def local_a2a_bytes(model: nn.Module, replica_sync_bytes: int = 0) -> Dict[str, 
     for m in _modules(model):
         factor = _codec_rates(m)
         for k in A2A_KINDS:
-            totals[k] += int(round(m.a2a_bytes.get(k, 0) * factor.get(k, 1.0)))
+            totals[k] += _on_wire(m.a2a_bytes, k, factor.get(k, 1.0))
     totals["replica"] += int(replica_sync_bytes)
     return totals
 
@@ -76,8 +79,15 @@ def local_split_bytes(model: nn.Module) -> Dict[str, int]:
     for m in _modules(model):
         factor = _codec_rates(m)
         for k in SPLIT_COUNTS:
-            totals[k] += int(round(m.a2a_bytes.get(k, 0) * factor[k.split("/")[0]]))
+            totals[k] += _on_wire(m.a2a_bytes, k, factor[k.split("/")[0]])
     return totals
+
+
+def _on_wire(meter: Dict[str, int], key: str, factor: float) -> int:
+    """The bytes counted under ``key`` as sent: at the codec's ``factor``, but those sent while
+    ``sharding.qcomms.when=auto`` had the codecs off (``PLAIN``), at fp32."""
+    plain = meter.get(PLAIN + key, 0)
+    return int(round((meter.get(key, 0) - plain) * factor)) + plain
 
 
 def _codec_rates(m: SlipstreamShardedEBC) -> Dict[str, float]:

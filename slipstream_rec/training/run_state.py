@@ -69,6 +69,8 @@ def state_dict(trainer: "Trainer") -> Dict[str, Any]:
         "traffic": traffic_state(trainer.model),
         "precision_probe": probe.state_dict() if probe else None,
         "precision": [trainer.precision.value, trainer.precision_reason],
+        "comms_probe": trainer.comms_probe.state_dict() if trainer.comms_probe else None,
+        "comms_reason": trainer.comms_reason,
     }  # fmt: skip
 
 def load_state_dict(trainer: "Trainer", state: Dict[str, Any]) -> Dict[str, Any]:
@@ -91,6 +93,10 @@ def load_state_dict(trainer: "Trainer", state: Dict[str, Any]) -> Dict[str, Any]
         probe.load_state_dict(state["precision_probe"])
         if probe.chosen is not None:  # decided before the interruption
             trainer.precision, trainer.precision_reason = Precision(state["precision"][0]), state["precision"][1]
+    comms = trainer.comms_probe
+    if comms is not None and state.get("comms_probe") is not None:  # absent: an older checkpoint
+        comms.load_state_dict(state["comms_probe"])  # sets the switch where it had decided
+        trainer.comms_reason = state["comms_reason"]
     load_traffic_state(trainer.model, state["traffic"])
     pos = state["position"]
     same_data = (

@@ -21,6 +21,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineBase
 from slipstream_rec.checkpoint.manager import Checkpointer
 from slipstream_rec.data.batch_ops import batch_from_state
 from slipstream_rec.distributed import DistEnv
+from slipstream_rec.sharding.qcomms_switch import CommsProbe
 from slipstream_rec.slipstream import stats
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.config import Precision, TrainerConfig
@@ -34,6 +35,7 @@ from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.pipeline import InFlight, TimedTrainPipelineSparseDist, make_pipeline, timed_batches
 from slipstream_rec.training.precision import PrecisionProbe, resolve_precision
+from slipstream_rec.training.step_probe import PROBE_START
 from slipstream_rec.training.profiling import StepProfiler
 from slipstream_rec.training.summary import run_summary, time_breakdown
 from slipstream_rec.training.sync_audit import SyncAudit
@@ -55,7 +57,7 @@ class Trainer:
         scheduler: torch.optim.lr_scheduler.LRScheduler, train_loader: Any, val_loader: Any,
         test_loader: Optional[Any], log: MetricLog, slipstream: SlipstreamController,
         downsampling: NegativeDownsampler, checkpointer: Optional[Checkpointer] = None,
-        run_dir: Optional[Path] = None,
+        run_dir: Optional[Path] = None, comms_probe: Optional[CommsProbe] = None,
     ) -> None:  # fmt: skip
         self.cfg, self.env, self.model, self.optimizer, self.scheduler = cfg, env, model, optimizer, scheduler
         self.train_loader, self.val_loader, self.test_loader = train_loader, val_loader, test_loader
@@ -68,6 +70,11 @@ class Trainer:
         # auto with fast bf16 everywhere: timed on this run's first steps before it is kept
         probing = cfg.precision is Precision.auto and self.precision is Precision.bf16 and cfg.precision_probe_steps
         self.precision_probe = PrecisionProbe(cfg.precision_probe_steps, cfg.precision_min_gain) if probing else None
+        # sharding.qcomms.when=auto: quantized against fp32 comms, timed after the precision's turns
+        self.comms_probe = comms_probe
+        self.comms_reason: Optional[str] = None  # the comms probe's decision and why
+        if comms_probe is not None:
+            comms_probe.start = self.precision_probe.last_step if self.precision_probe is not None else PROBE_START
         self.in_flight: Optional[InFlight] = None  # the running epoch's iterator
         self.resume_position: Optional[Dict[str, Any]] = None  # set by load_state_dict
         self.resumed_from: Optional[Dict[str, Any]] = None
@@ -90,11 +97,11 @@ class Trainer:
             self.pipeline.on_backward = lambda: slipstream.on_backward(task)
 
     def lever_timed_from(self) -> int:
-        """The first step the serve lever may time: none of the precision probe's (fp32 and bf16
-        in turns), up to the step it decided at. Read after every step: an early decision frees
-        the steps after it."""
-        probe = self.precision_probe
-        return probe.last_probed + 1 if probe is not None else 1
+        """The first step the serve lever may time: none of the probes' (fp32 and bf16, then
+        fp32 and quantized comms, in turns), up to the step the last one decided at. Read after
+        every step: an early decision frees the steps after it."""
+        probes = [p for p in (self.precision_probe, self.comms_probe) if p is not None]
+        return max(p.last_probed for p in probes) + 1 if probes else 1
 
     @torch.no_grad()
     def score(self, batch: Any) -> torch.Tensor:
@@ -136,7 +143,8 @@ class Trainer:
         kinds += ["guard"] if self.downsampling.is_guard_step(step) else []
         kinds += ["reattach"] if step == self._reattach_step else []  # TorchRec re-attaches after a detach
         # the precision probe's steps end with a host wait on a GPU
-        kinds += ["probe"] if self.precision_probe is not None and self.precision_probe.probed(step) else []
+        probes = (self.precision_probe, self.comms_probe)
+        kinds += ["probe"] if any(p is not None and p.probed(step) for p in probes) else []
         kinds += ["log"] if self.log.due(step) else []
         checks = ck.enabled and ck.every_minutes and step % ck.check_every_steps == 0
         return kinds + (["checkpoint_check"] if checks else [])
@@ -195,6 +203,8 @@ class Trainer:
                 probe = self.precision_probe
                 if probe is not None:
                     self.pipeline.autocast_dtype = probe.dtype(st.step + 1)
+                if self.comms_probe is not None:
+                    self.comms_probe.before_step(st.step + 1)
                 step_start = time.perf_counter()
                 try:
                     loss, logits, labels, _weights = self.pipeline.progress(batches)
@@ -202,6 +212,8 @@ class Trainer:
                     break
                 if probe is not None and probe.chosen is None:
                     self._probe_step(probe, st.step + 1, step_start)  # all ranks, the probe's steps
+                if self.comms_probe is not None and self.comms_probe.picked is None:
+                    self._comms_probe_step(self.comms_probe, st.step + 1, step_start)  # all ranks
                 batches.trained_one()
                 self.scheduler.step()
                 st.step += 1
@@ -240,6 +252,24 @@ class Trainer:
             if self.env.is_rank0:
                 logger.info("trainer: precision %s", self.precision_reason)
             self.log.log("precision", step, {"chosen": self.precision.value, **probe.record})
+
+    def _comms_probe_step(self, probe: CommsProbe, step: int, start: float) -> None:
+        decided = probe.time_step(step, start, self.env.device)  # collective at its checks and end
+        if decided is not None:
+            self.comms_reason = decided[1]
+            if self.env.is_rank0:
+                logger.info("trainer: sharding.qcomms %s", self.comms_reason)
+            self.log.log("qcomms", step, {"chosen": decided[0], **probe.record})
+
+    def comms_summary(self) -> Dict[str, Any]:
+        """summary.json's ``qcomms`` additions under ``sharding.qcomms.when=auto``: what the
+        probe chose and why, its timings (empty where there is no probe)."""
+        probe = self.comms_probe
+        if probe is None:
+            return {}
+        reason = self.comms_reason or "auto: quantized (as configured) until the probe decides"
+        return {"chosen": probe.picked or "quantized", "reason": reason + probe.unfinished(self.state.step),
+                "probe": dict(probe.record)}  # fmt: skip
 
     def _train_record(self, step: int) -> Dict[str, Any]:
         return {

@@ -55,7 +55,7 @@ def _wrap_collectives(counted: dict):
     return lambda: [setattr(dist, n, f) for n, f in originals.items()]
 
 
-def qcomms_worker(env, kind: str, forward: str, backward: str, scale=None):
+def qcomms_worker(env, kind: str, forward: str, backward: str, scale=None, switch=None):
     from slipstream_rec.model.dlrm import embedding_bag_configs
     from slipstream_rec.optim import (
         EmbeddingOptimConfig,
@@ -75,7 +75,11 @@ def qcomms_worker(env, kind: str, forward: str, backward: str, scale=None):
     fuse_embedding_optimizer(model, optim_cfg.embedding)
     qcomms = QCommsConfig(forward=CommPrecision(forward), backward=CommPrecision(backward), backward_loss_scale=scale)
     sharding = ShardingConfig(type=ShardingKind[kind], qcomms=qcomms)
-    dmp = shard_model(model, sharding, embedding_bag_configs(cfg, FEATURES, ROWS), cpu, LOCAL_BATCH)
+    from slipstream_rec.sharding.qcomms_switch import CommsSwitch
+
+    # sharding.qcomms.when=auto: the codecs behind a switch, on or off for this step
+    flag = None if switch is None else CommsSwitch(on=switch == "on")
+    dmp = shard_model(model, sharding, embedding_bag_configs(cfg, FEATURES, ROWS), cpu, LOCAL_BATCH, switch=flag)
     assert set(describe_plan(dmp).values()) == {kind}
     load_full_state_dict(dmp, full)
     optimizer, _ = build_optimizer(dmp, optim_cfg)
@@ -119,11 +123,32 @@ def qcomms_worker(env, kind: str, forward: str, backward: str, scale=None):
             torch.testing.assert_close(shard.tensor, expected[sl], rtol=2e-3, atol=2e-4)
             row_err = max(row_err, float((shard.tensor - expected[sl]).abs().max()))
     meter = local_a2a_bytes(dmp)
-    return {"meter": meter, "counted": counted, "logit_diff": diff, "row_err": row_err, "rescaled": rescaled}
+    rows = {k: [s.tensor.tolist() for s in v.local_shards()] for k, v in dmp.state_dict().items()
+            if "embedding_bags" in k and hasattr(v, "local_shards")}  # fmt: skip
+    raw = {k: v for m in dmp.modules() if hasattr(m, "a2a_bytes") for k, v in m.a2a_bytes.items()}
+    return {"meter": meter, "counted": counted, "logit_diff": diff, "row_err": row_err, "rescaled": rescaled,
+            "logits": logits.detach().tolist(), "rows": rows, "raw": raw}  # fmt: skip
 
 
-def _run(kind, forward, backward, scale=None):
-    return run_workers(qcomms_worker, WORLD, kind=kind, forward=forward, backward=backward, scale=scale)
+def _run(kind, forward, backward, scale=None, switch=None):
+    return run_workers(qcomms_worker, WORLD, kind=kind, forward=forward, backward=backward, scale=scale, switch=switch)
+
+
+@pytest.mark.parametrize("kind", ["table_wise", "row_wise"])
+def test_switched_codecs_send_fp32_when_off_and_the_codecs_when_on(kind):
+    # sharding.qcomms.when=auto: off, a step sends and computes exactly what it does without
+    # codecs; on, exactly what it does with them unswitched; the meter counts the fp32 bytes
+    # sent while off apart, so the wire's count (local_a2a_bytes) is fp32's
+    plain, fp16 = _run(kind, "fp32", "fp32"), _run(kind, "fp16", "fp16")
+    off, on = _run(kind, "fp16", "fp16", switch="off"), _run(kind, "fp16", "fp16", switch="on")
+    for r in range(WORLD):
+        for got, want in ((off[r], plain[r]), (on[r], fp16[r])):
+            assert got["meter"] == want["meter"] and got["counted"] == want["counted"]
+            assert got["logits"] == want["logits"] and got["rows"] == want["rows"]  # bit for bit
+        assert "float16" not in off[r]["counted"] and "float32" not in on[r]["counted"]
+        sent = {k: v for k, v in off[r]["raw"].items() if k in ("output", "gradient")}
+        assert {k[len("plain:"):]: v for k, v in off[r]["raw"].items() if k in ("plain:output", "plain:gradient")} == sent
+        assert not any(k.startswith("plain:") for k in on[r]["raw"])
 
 
 @pytest.mark.parametrize("kind", ["table_wise", "row_wise"])  # the all-to-all; the reduce-scatter

@@ -12,7 +12,7 @@ from tests._fixtures import FEATURES, LOCAL_BATCH, ROWS, WORLD, _slice_batch, re
 from tests.dist_harness import run_workers
 
 
-def hook_worker(env, hook: str, kind: str, scale=None):
+def hook_worker(env, hook: str, kind: str, scale=None, switch=None):
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -31,7 +31,10 @@ def hook_worker(env, hook: str, kind: str, scale=None):
                       LOCAL_BATCH)
     load_full_state_dict(dmp, full)
     meter: dict = {}
-    info = install_ddp_comm_hook(dmp, DDPCommHook(hook), meter, scale)
+    from slipstream_rec.sharding.qcomms_switch import CommsSwitch
+
+    flag = None if switch is None else CommsSwitch(on=switch == "on")  # sharding.qcomms.when=auto
+    info = install_ddp_comm_hook(dmp, DDPCommHook(hook), meter, scale, flag)
 
     # Independent count: the bytes of every bucket each DDP hands to its all-reduce.
     given = {"float32": 0, "float16": 0, "bfloat16": 0}
@@ -71,7 +74,26 @@ def hook_worker(env, hook: str, kind: str, scale=None):
             continue
         expected = ref_params[next(n for n in ref_params if name.endswith(n))].grad / WORLD
         worst = max(worst, float((param.grad - expected).abs().max() / expected.abs().max().clamp_min(1e-12)))
-    return {"meter": meter, "given": given, "info": info, "worst": worst}
+    grads = {n: p.grad.tolist() for n, p in dmp.named_parameters() if "embedding_bags" not in n}
+    return {"meter": meter, "given": given, "info": info, "worst": worst, "grads": grads}
+
+
+@pytest.mark.parametrize("kind", ["table_wise", "data_parallel"])
+def test_a_switched_hook_all_reduces_fp32_when_off_and_fp16_when_on(kind):
+    # sharding.qcomms.when=auto: the hook behind the comms' switch; off, PyTorch's plain
+    # all-reduce (the bytes and gradients of no hook, to float rounding); on, the fp16 hook's,
+    # exactly; the meter counts the all-reduce that ran
+    none, fp16 = run_workers(hook_worker, WORLD, hook="none", kind=kind), run_workers(hook_worker, WORLD, hook="fp16", kind=kind)
+    off = run_workers(hook_worker, WORLD, hook="fp16", kind=kind, switch="off")
+    on = run_workers(hook_worker, WORLD, hook="fp16", kind=kind, switch="on")
+    for r in range(WORLD):
+        assert off[r]["meter"] == none[r]["meter"] and off[r]["given"] == none[r]["given"]
+        assert off[r]["worst"] < 1e-5 and off[r]["given"]["float16"] == 0
+        assert all(torch.allclose(torch.tensor(off[r]["grads"][n]), torch.tensor(g), rtol=1e-6, atol=0)
+                   for n, g in none[r]["grads"].items())  # fmt: skip
+        assert on[r]["meter"] == fp16[r]["meter"] and on[r]["given"] == fp16[r]["given"]
+        assert on[r]["grads"] == fp16[r]["grads"]
+        assert on[r]["info"] == off[r]["info"] == fp16[r]["info"]  # what was configured
 
 
 @pytest.mark.parametrize("kind", ["table_wise", "data_parallel"])

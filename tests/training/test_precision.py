@@ -203,11 +203,11 @@ def test_the_last_probed_step_is_where_the_probe_decided():
     from slipstream_rec.training.trainer import Trainer
 
     probe = PrecisionProbe(steps=16, min_gain=0.05)
-    trainer = SimpleNamespace(precision_probe=probe)
+    trainer = SimpleNamespace(precision_probe=probe, comms_probe=None)
     assert probe.last_probed == probe.last_step == 36 and Trainer.lever_timed_from(trainer) == 37  # type: ignore[arg-type]
     assert _walk(probe, 100, 50)[0] == 20 == probe.last_probed
     assert probe.probed(20) and not probe.probed(21) and Trainer.lever_timed_from(trainer) == 21  # type: ignore[arg-type]
-    assert Trainer.lever_timed_from(SimpleNamespace(precision_probe=None)) == 1  # type: ignore[arg-type]
+    assert Trainer.lever_timed_from(SimpleNamespace(precision_probe=None, comms_probe=None)) == 1  # type: ignore[arg-type]
     probe = PrecisionProbe(steps=16, min_gain=0.05)
     assert _walk(probe, 100, 90)[0] == 36 == probe.last_probed
 
