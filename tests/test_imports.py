@@ -23,7 +23,7 @@ MAX_DATA_LINES = 500
 # top-level module or package of slipstream_rec/ is on exactly one floor.
 LAYERS = [
     ("validation", "interrupt", "cli_errors", "metrics", "distributed", "run_lock", "timing", "config_keys"),
-    ("data", "checkpoint", "optim"),
+    ("data", "checkpoint", "optim", "step_probe"),
     ("model", "sharding"),
     ("slipstream",),
     ("training",),

@@ -44,7 +44,10 @@ def comms(run: Run) -> str:
     if not q and not hook:
         return "n/a"
     fwd, bwd = q.get("forward_on_wire", "fp32"), q.get("backward_on_wire", "fp32")
-    return f"embeddings {fwd}/{bwd}, DDP hook {hook.get('hook', 'none')}"
+    text = f"embeddings {fwd}/{bwd}, DDP hook {hook.get('hook', 'none')}"
+    if q.get("when") == "auto" and "chosen" in q:  # sharding.qcomms.when=auto: what its probe kept
+        text += f" (auto: {q['chosen']} kept, {q['reason'].split(', ', 1)[-1]})"
+    return text
 
 
 def turnover_rows(runs: Sequence[Run]) -> List[Tuple[str, int, int, int, int]]:

@@ -12,7 +12,7 @@ bits buy nothing. No setting knows which; a clock does.
   the wire, as without a registry; the hook is the plain all-reduce. It flips only between
   steps, on every rank at the same step (the probe's turns and its decision are the ranks'
   agreement), so a step's forward and backward send alike and the ranks' collectives match.
-* ``CommsProbe``: a ``StepProbe`` (training/step_probe.py) of ``fp32`` against ``quantized``
+* ``CommsProbe``: a ``StepProbe`` (step_probe.py) of ``fp32`` against ``quantized``
   comms, after the precision probe's turns; it sets the switch for each of its steps and, at its
   decision, for the rest of the run.
 
@@ -30,7 +30,7 @@ import torch
 from torchrec.distributed.types import NoOpQuantizedCommCodec, QuantizedCommCodec
 
 from slipstream_rec.sharding.config import QCommsConfig, QCommsWhen
-from slipstream_rec.training.step_probe import PROBE_START, StepProbe
+from slipstream_rec.step_probe import PROBE_START, StepProbe
 
 __all__ = ["CommsProbe", "CommsSwitch", "SwitchedCodec", "PLAIN", "make_comms_probe", "make_comms_switch", "registry_switch", "switch_registry"]
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from slipstream_rec.distributed import all_reduce_
 from slipstream_rec.training.config import PipelineKind, Precision
-from slipstream_rec.training.step_probe import PROBE_BLOCK, PROBE_EARLY, PROBE_START, StepProbe
+from slipstream_rec.step_probe import PROBE_BLOCK, PROBE_EARLY, PROBE_START, StepProbe
 
 __all__ = ["PROBE_BLOCK", "PROBE_EARLY", "PROBE_START", "PrecisionProbe", "machine_bf16", "resolve_precision"]
 

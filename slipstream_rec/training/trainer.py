@@ -35,7 +35,7 @@ from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.pipeline import InFlight, TimedTrainPipelineSparseDist, make_pipeline, timed_batches
 from slipstream_rec.training.precision import PrecisionProbe, resolve_precision
-from slipstream_rec.training.step_probe import PROBE_START
+from slipstream_rec.step_probe import PROBE_START
 from slipstream_rec.training.profiling import StepProfiler
 from slipstream_rec.training.summary import run_summary, time_breakdown
 from slipstream_rec.training.sync_audit import SyncAudit

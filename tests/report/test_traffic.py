@@ -51,3 +51,14 @@ def test_traffic_table_shows_each_runs_bytes_and_the_hot_set_turnover(tmp_path):
 def test_runs_without_byte_counts_have_no_traffic_section(tmp_path):
     write_run(tmp_path / "off", ["slipstream=off"], 0.76, 100.0)
     assert 'id="traffic"' not in html.build([load_run(tmp_path / "off")])["html"]
+
+
+def test_the_comms_cell_says_what_the_auto_probe_kept():
+    from slipstream_rec.report.traffic import comms
+
+    q = {"forward_on_wire": "fp16", "backward_on_wire": "fp16", "when": "auto", "chosen": "fp32",
+         "reason": "auto: fp32, timed on this run: quantized 30.0 ms per step against fp32 30.5 ms (+1.6% faster)"}
+    assert comms({"qcomms": q, "ddp_comm_hook": {"hook": "fp16"}}) == (
+        "embeddings fp16/fp16, DDP hook fp16 (auto: fp32 kept, timed on this run: quantized 30.0 ms per step "
+        "against fp32 30.5 ms (+1.6% faster))")
+    assert comms({"qcomms": {**q, "when": "always"}, "ddp_comm_hook": {"hook": "fp16"}}) == "embeddings fp16/fp16, DDP hook fp16"

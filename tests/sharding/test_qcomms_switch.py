@@ -45,7 +45,7 @@ def test_a_switched_codec_is_the_codec_when_on_and_sends_fp32_untouched_when_off
 
 def test_the_probe_takes_turns_with_the_switch_and_keeps_the_winner_on():
     from slipstream_rec.sharding.qcomms_switch import CommsProbe, CommsSwitch
-    from slipstream_rec.training.step_probe import PROBE_BLOCK
+    from slipstream_rec.step_probe import PROBE_BLOCK
 
     switch = CommsSwitch()
     probe = CommsProbe(switch, steps=8, min_gain=0.05, start=36)  # after a 16-step precision probe
@@ -127,7 +127,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("picked", ["fp32", "quantized"])
 def test_a_run_decides_once_and_its_bytes_follow_the_switch_step_by_step(runs, picked):
-    from slipstream_rec.training.step_probe import PROBE_START
+    from slipstream_rec.step_probe import PROBE_START
 
     plain, (auto, records) = runs["plain"][0], runs[picked]
     q = auto["qcomms"]
