@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from slipstream_rec.distributed import all_reduce_
 
-__all__ = ["PROBE_BLOCK", "PROBE_EARLY", "PROBE_START", "StepProbe"]
+__all__ = ["PROBE_BLOCK", "PROBE_EARLY", "PROBE_START", "StepProbe", "start_after"]
 
 PROBE_START = 4  # steps before a probe: the first ones pay one-time costs (allocation, warm-up)
 PROBE_BLOCK = 4  # steps of one candidate in a row, the two taking turns
@@ -162,3 +162,9 @@ class StepProbe:
         self.times = {k: list(v) for k, v in state["times"].items()}
         self.picked = state["chosen"]
         self.record = dict(state["record"])
+
+
+def start_after(earlier: Optional[StepProbe]) -> int:
+    """Where a probe that follows ``earlier`` starts: after its planned last step (its turns
+    would switch the step under the later probe's), or at ``PROBE_START`` without one."""
+    return earlier.last_step if earlier is not None else PROBE_START

@@ -35,7 +35,7 @@ from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.pipeline import InFlight, TimedTrainPipelineSparseDist, make_pipeline, timed_batches
 from slipstream_rec.training.precision import PrecisionProbe, resolve_precision
-from slipstream_rec.step_probe import PROBE_START
+from slipstream_rec.step_probe import start_after
 from slipstream_rec.training.profiling import StepProfiler
 from slipstream_rec.training.summary import run_summary, time_breakdown
 from slipstream_rec.training.sync_audit import SyncAudit
@@ -74,7 +74,7 @@ class Trainer:
         self.comms_probe = comms_probe
         self.comms_reason: Optional[str] = None  # the comms probe's decision and why
         if comms_probe is not None:
-            comms_probe.start = self.precision_probe.last_step if self.precision_probe is not None else PROBE_START
+            comms_probe.start = start_after(self.precision_probe)
         self.in_flight: Optional[InFlight] = None  # the running epoch's iterator
         self.resume_position: Optional[Dict[str, Any]] = None  # set by load_state_dict
         self.resumed_from: Optional[Dict[str, Any]] = None

@@ -92,11 +92,13 @@ def test_both_probes_keep_the_serve_lever_off_their_steps():
     from types import SimpleNamespace
 
     from slipstream_rec.sharding.qcomms_switch import CommsProbe, CommsSwitch
+    from slipstream_rec.step_probe import PROBE_START, start_after
     from slipstream_rec.training.precision import PrecisionProbe
     from slipstream_rec.training.trainer import Trainer
 
     precision = PrecisionProbe(steps=16, min_gain=0.05)
-    comms = CommsProbe(CommsSwitch(), steps=16, min_gain=0.05, start=precision.last_step)
+    assert start_after(precision) == 36 and start_after(None) == PROBE_START  # the trainer's start
+    comms = CommsProbe(CommsSwitch(), steps=16, min_gain=0.05, start=start_after(precision))
     trainer = SimpleNamespace(precision_probe=precision, comms_probe=comms)
     assert Trainer.lever_timed_from(trainer) == comms.last_step + 1 == 69  # type: ignore[arg-type]
     comms.picked, comms.times = "fp32", {"fp32": [0.1] * 8, "quantized": [0.1] * 8}  # decided at step 52

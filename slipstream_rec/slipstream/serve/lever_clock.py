@@ -113,11 +113,16 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
     if lever.timed and (sched.window_mark(step) or (step == ctl.timed_from - 1 and clock.marked)):
         clock.mark(step, stats.tracking_seconds(ctl))
     least = max(1, math.ceil(MIN_TIMED * lever.window))
+    # A mark before the trainer's timed steps end (a probe's turns still ahead, past this
+    # window's end: the precision's and the comms' probes together can outlast a window) times
+    # those turns: its figure is not the lever's to use. The same on every rank (the probes'
+    # ends are agreed), so the collectives below stay matched.
+    ours = clock.mark_step >= ctl.timed_from - 1
     if not sched.window_end(step):
         # A window on trial (serving, or without it) is checked at its checks' steps after its
         # mark (steps every rank shares), and may end there.
         checked = step - clock.mark_step
-        if lever.cuts_short and clock.marked and checked in lever.checks:
+        if lever.cuts_short and clock.marked and ours and checked in lever.checks:
             clock.checked = step
             with timed(ctl.seconds, "lever"):
                 measured = clock.measure(step, lever.timing_serving, stats.tracking_seconds(ctl), ctl.count_control, checked)
@@ -134,6 +139,7 @@ def lever_window_step(ctl: "SlipstreamController", step: int) -> None:
         if lever.timed:
             tracking = stats.tracking_seconds(ctl)
             measured = clock.measure(step, lever.timing_serving, tracking, ctl.count_control, least)
+            measured = measured if ours else None
             clock.note(step, before, step - clock.mark_step, measured)
         clock.reset()
         after = lever.window_end(step, measured, ready=ctl.server.rows > 0)

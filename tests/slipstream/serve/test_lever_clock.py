@@ -118,6 +118,26 @@ def test_the_lever_times_from_where_the_precision_probe_decided_early():
     assert lv.state is S.probe_on and lv.off_s == pytest.approx(0.4)
 
 
+def test_a_window_that_ends_inside_the_probes_steps_gives_no_figure():
+    # the precision probe to step 36, then the comms probe's turns to 100 (fp32 and quantized
+    # comms, 1 s a step): the wait 20-70 ends inside them and measures nothing, however it was
+    # marked (the lever then serves on trial with no figure without serving, to time one after
+    # it); the window serving is timed from where the probes end (a mark after step 100)
+    lv, clock = lever(), _Clock()
+    clock.probe_until = 100
+    ctl = _controller(lv, clock)
+    ctl.timed_from = 101
+    clock.tracker = ctl.tracker
+    for n in range(1, 121):
+        clock.step(n)
+        ctl.server.rows = int(n >= 70)
+        lever_window_step(ctl, n)
+        if n == 70:
+            assert lv.state is S.probe_on and lv.off_s is None and not ctl.window_clock.figures
+    assert list(ctl.window_clock.figures) == [{"step": 120, "state": "probe_on", "timed_steps": 20, "ms_per_step": 500.0}]
+    assert lv.on_s == pytest.approx(0.5) and lv.state is S.probe_off
+
+
 def test_the_controller_reads_the_first_timed_step_after_every_step():
     from torch import nn
 
