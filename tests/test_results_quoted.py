@@ -1387,3 +1387,48 @@ def test_the_defaults_with_quantized_comms_at_dim_128_are_quoted():
             _check(cell, [value])
         assert dq["serve_lever"]["decisions"][0]["step"] == 62 and dq["served_fraction"] < 0.02
         assert 0.925 <= round(de["served_fraction"], 3) <= 0.926
+
+
+def test_quantized_comms_where_they_pay_are_quoted():
+    """docs/performance.md's two tables of ``sharding.qcomms.when=auto``: every run's seconds,
+    ratio, wire bytes, the probe's two medians, what it kept and the paired test AUC; after the
+    serve lever's fix, the defaults with and without the comms and the lever's two figures."""
+    doc = "docs/performance.md"
+    runs = {(r["job"], r["rate"]): r for r in _network_runs("network_qcomms_auto_clicklog")}
+    names = {"`off`": "off", "`off` + qcomms": "off+qcomms", "`off` + qcomms, auto": "off+qcomms(auto)",
+             "defaults + qcomms, auto": "defaults+qcomms(auto)", "defaults + qcomms, auto (before 937bac9)": "defaults+qcomms(auto)"}
+    rows = _rows(doc, "| job (qcomms auto, dim 16, seed 0) |")
+    assert len(rows) == len(runs) == 8
+    for row in rows:
+        r, off = runs[(names[row[0]], row[1])], runs[("off", row[1])]
+        _check(row[2], [r["train_seconds"]])
+        _check(row[4], [r["wire_bytes_per_sample"]])
+        if r is off:
+            assert row[3] == row[5] == row[6] == row[7] == ""
+            continue
+        _check(row[3], [off["train_seconds"] / r["train_seconds"]])
+        _check(row[7], [r["test_auc"] - off["test_auc"]])
+        q = r["qcomms"]
+        if q["when"] == "auto":
+            p = q["probe"]
+            _check(row[5], [p["fp32_ms_per_step"], p["quantized_ms_per_step"], p["steps_each"]])
+            assert row[6] == q["chosen"]
+        else:
+            assert row[5] == row[6] == ""
+    assert runs[("defaults+qcomms(auto)", "200mbit")]["serve_lever"]["state"] == "serving"  # the fault
+
+    runs = {r["job"]: r for r in _network_runs("network_qcomms_auto_defaults_200mbit")}
+    rows = _rows(doc, "| job (qcomms auto, after the fix, dim 16, 200mbit, seed 0) |")
+    de = runs["defaults"]
+    assert [row[0] for row in rows] == ["defaults", "defaults + qcomms", "defaults + qcomms, auto"]
+    for row, job in zip(rows, ("defaults", "defaults+qcomms", "defaults+qcomms(auto)")):
+        r = runs[job]
+        _check(row[1], [r["train_seconds"]])
+        _check(row[3], [r["wire_bytes_per_sample"]])
+        first = r["serve_lever"]["decisions"][0]
+        assert row[4].startswith("served" if first["to"] == "serving" else "stood down")
+        _check(row[4].split("(")[1], [first["serving_ms_per_step"], first["standing_down_ms_per_step"]])
+        if r is not de:
+            _check(row[2], [de["train_seconds"] / r["train_seconds"]])
+            _check(row[5], [r["test_auc"] - de["test_auc"]])
+    assert runs["defaults+qcomms(auto)"]["qcomms"]["chosen"] == "quantized"
