@@ -224,7 +224,11 @@ def test_qcomms_options_compose_and_reach_the_summary_fields():
     # bf16 becomes fp16 on gloo (TorchRec's fallback), and the summary says so
     assert got == {"forward": "fp16", "backward": "bf16", "forward_on_wire": "fp16", "backward_on_wire": "fp16",
                    "forward_wire_factor": 0.5, "backward_wire_factor": 0.5, "backward_loss_scale": None,
-                   "plan_as": "fp32"}
+                   "plan_as": "fp32", "when": "always"}
+    auto = load_config(["sharding.qcomms.forward=fp16", "sharding.qcomms.when=auto", "slipstream=off"]).sharding.qcomms
+    assert qcomms_summary(auto, codecs_registry(auto, torch.device("cpu")))["when"] == "auto"
+    with pytest.raises(ConfigError, match="sharding.qcomms.when.*sometimes"):
+        load_config(["sharding.qcomms.when=sometimes"])
     off = load_config(["slipstream=off"]).sharding.qcomms
     assert codecs_registry(off, torch.device("cpu")) is None
     with pytest.raises(ConfigError, match="sharding.qcomms.forward.*fp8"):
