@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from types import SimpleNamespace
 
@@ -130,6 +131,7 @@ def qcomms_worker(env, kind: str, forward: str, backward: str, scale=None, switc
             "logits": logits.detach().tolist(), "rows": rows, "raw": raw}  # fmt: skip
 
 
+@functools.lru_cache(maxsize=None)  # the same 2-process step serves several tests (read only)
 def _run(kind, forward, backward, scale=None, switch=None):
     return run_workers(qcomms_worker, WORLD, kind=kind, forward=forward, backward=backward, scale=scale, switch=switch)
 

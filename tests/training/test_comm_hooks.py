@@ -1,9 +1,12 @@
 """``trainer.ddp_comm_hook`` on 2 gloo processes: the bytes the program counts for DDP's
 all-reduces equal what the all-reduces are given (counted here independently, per bucket), fp16
 and bf16 halve them, and the dense gradients stay the unsharded reference's within the
-compressed precision."""
+compressed precision; behind ``sharding.qcomms.when=auto``'s switch, off is the plain all-reduce
+and on the hook."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -78,14 +81,18 @@ def hook_worker(env, hook: str, kind: str, scale=None, switch=None):
     return {"meter": meter, "given": given, "info": info, "worst": worst, "grads": grads}
 
 
+@functools.lru_cache(maxsize=None)  # the same 2-process step serves several tests (read only)
+def _hooked(kind: str, hook: str, switch=None):
+    return run_workers(hook_worker, WORLD, hook=hook, kind=kind, switch=switch)
+
+
 @pytest.mark.parametrize("kind", ["table_wise", "data_parallel"])
 def test_a_switched_hook_all_reduces_fp32_when_off_and_fp16_when_on(kind):
     # sharding.qcomms.when=auto: the hook behind the comms' switch; off, PyTorch's plain
     # all-reduce (the bytes and gradients of no hook, to float rounding); on, the fp16 hook's,
     # exactly; the meter counts the all-reduce that ran
-    none, fp16 = run_workers(hook_worker, WORLD, hook="none", kind=kind), run_workers(hook_worker, WORLD, hook="fp16", kind=kind)
-    off = run_workers(hook_worker, WORLD, hook="fp16", kind=kind, switch="off")
-    on = run_workers(hook_worker, WORLD, hook="fp16", kind=kind, switch="on")
+    none, fp16 = _hooked(kind, "none"), _hooked(kind, "fp16")
+    off, on = _hooked(kind, "fp16", switch="off"), _hooked(kind, "fp16", switch="on")
     for r in range(WORLD):
         assert off[r]["meter"] == none[r]["meter"] and off[r]["given"] == none[r]["given"]
         assert off[r]["worst"] < 1e-5 and off[r]["given"]["float16"] == 0
@@ -98,7 +105,7 @@ def test_a_switched_hook_all_reduces_fp32_when_off_and_fp16_when_on(kind):
 
 @pytest.mark.parametrize("kind", ["table_wise", "data_parallel"])
 def test_ddp_comm_hooks_halve_the_counted_all_reduce_bytes(kind):
-    results = {hook: run_workers(hook_worker, WORLD, hook=hook, kind=kind) for hook in ("none", "fp16")}
+    results = {hook: _hooked(kind, hook) for hook in ("none", "fp16")}
     results["scaled"] = run_workers(hook_worker, WORLD, hook="fp16", kind=kind, scale=1024.0)
     for r in range(WORLD):
         none, fp16, scaled = results["none"][r], results["fp16"][r], results["scaled"][r]
