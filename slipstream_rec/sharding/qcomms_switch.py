@@ -110,11 +110,6 @@ class CommsProbe(StepProbe):
         name = self.candidate(step) or self.picked or QUANTIZED
         self.switch.on = name == QUANTIZED
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if self.picked is not None:
-            self.switch.on = self.picked == QUANTIZED
-
 
 def make_comms_switch(cfg: QCommsConfig, hook_quantized: bool) -> Optional[CommsSwitch]:
     """The run's switch where ``sharding.qcomms.when=auto`` has something to switch (codecs, or

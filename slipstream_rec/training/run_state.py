@@ -95,7 +95,7 @@ def load_state_dict(trainer: "Trainer", state: Dict[str, Any]) -> Dict[str, Any]
             trainer.precision, trainer.precision_reason = Precision(state["precision"][0]), state["precision"][1]
     comms = trainer.comms_probe
     if comms is not None and state.get("comms_probe") is not None:  # absent: an older checkpoint
-        comms.load_state_dict(state["comms_probe"])  # sets the switch where it had decided
+        comms.load_state_dict(state["comms_probe"])  # its decision sets the switch from the next step
         trainer.comms_reason = state["comms_reason"]
     load_traffic_state(trainer.model, state["traffic"])
     pos = state["position"]

@@ -329,3 +329,29 @@ def test_serve_resumes_bit_identical_from_a_mid_run_checkpoint(tmp_path, data_ro
     step_input = ref_bytes["input"] * ref["samples_trained"] / ref["steps"]
     assert 0 < resent <= 2 * 1.5 * step_input, (resent, step_input)  # two steps' ids, with margin
     _assert_same_state(_final_state(ref_dir, tmp_path), _final_state(run_dir, tmp_path))
+
+
+# sharding.qcomms.when=auto: the probe's turns over steps 5-12, its decision forced to fp32 (a
+# quantized step 90% faster is never measured), checkpoints every 8 steps
+QCOMMS_AUTO = [
+    *(x for x in SLIPSTREAM if not x.startswith("slipstream")), "slipstream=off", "trainer.epochs=1",
+    "trainer.max_steps=26", "trainer.precision=fp32", "sharding.qcomms.forward=fp16",
+    "sharding.qcomms.backward=fp16", "trainer.ddp_comm_hook=fp16", "sharding.qcomms.when=auto",
+    "sharding.qcomms.probe_steps=4", "sharding.qcomms.min_gain=0.9",
+]  # fmt: skip
+
+
+def test_the_comms_decision_resumes_with_the_run(tmp_path, data_root):
+    """Killed at step 21 and resumed from step 16, after the comms probe chose fp32 at step 12:
+    the resumed steps must send fp32 as the uninterrupted run's did (the switch restored, not
+    the configured quantized comms), so the run ends with the same bytes, decision and state."""
+    ref_dir, run_dir = _uninterrupted_and_killed(tmp_path, [*QCOMMS_AUTO, f"data.root={data_root}"], step=21, rank=1)
+    ref, got = _summary(ref_dir), _summary(run_dir)
+    assert got["resumed_from"]["step"] == 16 and ref["qcomms"]["chosen"] == "fp32"
+    # the decision and its reason come back (the seconds are each run's own)
+    same = lambda q: {k: v for k, v in q.items() if k not in ("reason", "probe")}  # noqa: E731
+    assert same(got["qcomms"]) == same(ref["qcomms"]) and got["qcomms"]["reason"].startswith("auto: fp32, timed on")
+    for kind in ("output", "gradient", "dense"):
+        assert got["a2a_bytes_per_sample"][kind] == ref["a2a_bytes_per_sample"][kind], kind
+    assert {k: got[k] for k in COUNTERS if k != "samples_skipped"} == {k: ref[k] for k in COUNTERS if k != "samples_skipped"}
+    _assert_same_state(_final_state(ref_dir, tmp_path), _final_state(run_dir, tmp_path))

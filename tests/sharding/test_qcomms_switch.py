@@ -64,9 +64,10 @@ def test_the_probe_takes_turns_with_the_switch_and_keeps_the_winner_on():
                                 "steps_each": 8, "min_gain": 0.05}  # fmt: skip
         probe.before_step(40)  # inside the probe's span: decided, so the decision runs
         assert switch.on is (picked == "quantized")
-    # a resumed run keeps the decision: the switch follows the loaded state
+    # a resumed run keeps the decision: the switch follows the loaded state from its next step
     again = CommsProbe(CommsSwitch(), steps=8, min_gain=0.05, start=36)
     again.load_state_dict(probe.state_dict())
+    again.before_step(60)
     assert again.picked == "fp32" and again.switch.on is False
 
 
