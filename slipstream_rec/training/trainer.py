@@ -24,6 +24,7 @@ from slipstream_rec.distributed import DistEnv
 from slipstream_rec.sharding.qcomms_switch import CommsProbe
 from slipstream_rec.slipstream import stats
 from slipstream_rec.slipstream.controller import SlipstreamController
+from slipstream_rec.step_probe import start_after
 from slipstream_rec.training.config import Precision, TrainerConfig
 from slipstream_rec.training.downsampling import NegativeDownsampler
 from slipstream_rec.training import run_state
@@ -35,7 +36,6 @@ from slipstream_rec.training.faults import FaultInjector
 from slipstream_rec.training.metric_log import MetricLog
 from slipstream_rec.training.pipeline import InFlight, TimedTrainPipelineSparseDist, make_pipeline, timed_batches
 from slipstream_rec.training.precision import PrecisionProbe, resolve_precision
-from slipstream_rec.step_probe import start_after
 from slipstream_rec.training.profiling import StepProfiler
 from slipstream_rec.training.summary import run_summary, time_breakdown
 from slipstream_rec.training.sync_audit import SyncAudit
@@ -142,7 +142,7 @@ class Trainer:
         kinds = self.slipstream.step_kinds(step)
         kinds += ["guard"] if self.downsampling.is_guard_step(step) else []
         kinds += ["reattach"] if step == self._reattach_step else []  # TorchRec re-attaches after a detach
-        # the precision probe's steps end with a host wait on a GPU
+        # the probes' steps (precision, then the comms) end with a host wait on a GPU
         probes = (self.precision_probe, self.comms_probe)
         kinds += ["probe"] if any(p is not None and p.probed(step) for p in probes) else []
         kinds += ["log"] if self.log.due(step) else []
