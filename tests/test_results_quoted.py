@@ -1432,3 +1432,16 @@ def test_quantized_comms_where_they_pay_are_quoted():
             _check(row[2], [de["train_seconds"] / r["train_seconds"]])
             _check(row[5], [r["test_auc"] - de["test_auc"]])
     assert runs["defaults+qcomms(auto)"]["qcomms"]["chosen"] == "quantized"
+
+    runs = {(r["job"], r["seed"]): r for r in _network_runs("network_qcomms_auto_cost_200mbit")}
+    rows = _rows(doc, "| seed (qcomms auto against always, 200mbit) |")
+    assert [int(row[0]) for row in rows] == [0, 1, 2]
+    for row in rows:
+        always, auto = runs[("off+qcomms", int(row[0]))], runs[("off+qcomms(auto)", int(row[0]))]
+        p = auto["qcomms"]["probe"]
+        for cell, values in zip(row[1:], [[always["train_seconds"]], [auto["train_seconds"]],
+                                          [always["train_seconds"] / auto["train_seconds"]],
+                                          [p["fp32_ms_per_step"], p["quantized_ms_per_step"]],
+                                          [auto["test_auc"] - always["test_auc"]]]):
+            _check(cell, values)
+        assert auto["qcomms"]["chosen"] == "quantized" and p["steps_each"] == 8
