@@ -106,6 +106,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> J
         job.downsampling.validate()
         job.optim.validate()
         job.model.validate()
+        job.sharding.qcomms.validate()
         for direction in ("forward", "backward"):
             if job.slipstream.serves and getattr(job.sharding.qcomms, direction).value == "int8":
                 # int8 rows of 32 values need the sharded batch to be a multiple of 32; serve

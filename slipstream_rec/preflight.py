@@ -134,9 +134,6 @@ def policy_cannot_act(job: JobConfig, total_steps: int) -> Optional[str]:
 
 def check_before_start(job: JobConfig, world_size: int) -> None:
     """Raise the first problem that would stop the job once started (see the module doc)."""
-    from slipstream_rec.sharding.qcomms_switch import make_comms_probe
-
-    make_comms_probe(job.sharding.qcomms, None)  # refuses sharding.qcomms.probe_steps / min_gain
     check_run_dir(job)
     rows, where, more_rows = known_rows(job)
     if rows is None:

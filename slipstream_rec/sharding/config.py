@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Dict, Optional
 
+from slipstream_rec.validation import check_fields
+
 
 class ShardingKind(Enum):
     """How embedding tables are placed. Names are the override values (``sharding.type=row_wise``)."""
@@ -100,6 +102,12 @@ class QCommsConfig:
     @property
     def enabled(self) -> bool:
         return self.forward is not CommPrecision.fp32 or self.backward is not CommPrecision.fp32
+
+    def validate(self) -> None:
+        check_fields("sharding.qcomms", self, [
+            ("probe_steps", self.probe_steps >= 0, "0 (no timing: the comms stay on) or a number of steps"),
+            ("min_gain", -1 < self.min_gain < 1, "a fraction in (-1, 1) (0.05: 5% faster)"),
+        ])  # fmt: skip
 
 
 class ComputeKernel(Enum):

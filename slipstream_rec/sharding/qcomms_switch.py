@@ -24,7 +24,7 @@ hook's meter counts each step at the bytes of the all-reduce that ran.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import torch
 from torchrec.distributed.types import NoOpQuantizedCommCodec, QuantizedCommCodec
@@ -122,15 +122,7 @@ def make_comms_switch(cfg: QCommsConfig, hook_quantized: bool) -> Optional[Comms
 def make_comms_probe(cfg: QCommsConfig, switch: Optional[CommsSwitch]) -> Optional[CommsProbe]:
     """The probe ``sharding.qcomms.when=auto`` asks for (None where nothing is switched or
     ``probe_steps=0``, and for ``when=always``); its start is the trainer's (after the precision
-    probe). Refuses its keys' bad values in one line each."""
-    problems: List[Tuple[str, str]] = []
-    if cfg.probe_steps < 0:
-        problems.append((f"probe_steps={cfg.probe_steps}", "0 (no timing: the comms stay on) or a number of steps"))
-    if not -1 < cfg.min_gain < 1:
-        problems.append((f"min_gain={cfg.min_gain}", "a fraction in (-1, 1) (0.05: 5% faster)"))
-    if problems:
-        key, fix = problems[0]
-        raise ValueError(f"sharding.qcomms.{key}: must be {fix}")
+    probe). Its keys' values were checked at composition (``QCommsConfig.validate``)."""
     if cfg.when is not QCommsWhen.auto or switch is None or cfg.probe_steps == 0:
         return None
     return CommsProbe(switch, cfg.probe_steps, cfg.min_gain)

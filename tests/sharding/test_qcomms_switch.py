@@ -86,7 +86,7 @@ def test_nothing_to_switch_makes_no_switch_and_bad_values_are_refused_by_key():
     assert make_comms_probe(QCommsConfig(forward=CommPrecision.fp16, when=QCommsWhen.auto, probe_steps=0), switch) is None
     for bad, words in [({"probe_steps": -1}, "sharding.qcomms.probe_steps=-1"), ({"min_gain": 1.0}, "sharding.qcomms.min_gain=1.0")]:
         with pytest.raises(ValueError, match=words.replace(".", r"\.")):
-            make_comms_probe(QCommsConfig(when=QCommsWhen.auto, **bad), switch)
+            QCommsConfig(when=QCommsWhen.auto, **bad).validate()
 
 
 def test_both_probes_keep_the_serve_lever_off_their_steps():
