@@ -53,6 +53,7 @@ class StepProbe:
     times: Dict[str, List[float]] = field(default_factory=dict)
     picked: Optional[str] = None  # None: still probing
     record: Dict[str, Any] = field(default_factory=dict)
+    reason: str = ""  # why it picked what it did ("": still probing)
 
     def __post_init__(self) -> None:
         assert self.base != self.trial, self.base
@@ -123,6 +124,7 @@ class StepProbe:
         self.record = {f"{self.base}_ms_per_step": round(1e3 * base_s, 3),
                        f"{self.trial}_ms_per_step": round(1e3 * trial_s, 3),
                        "steps_each": each, "min_gain": self.min_gain}  # fmt: skip
+        self.reason = why
         return self.picked, why
 
     def unfinished(self, step: int) -> str:
@@ -156,12 +158,13 @@ class StepProbe:
 
     def state_dict(self) -> Dict[str, Any]:
         return {"times": {k: list(v) for k, v in self.times.items()}, "chosen": self.picked,
-                "record": dict(self.record)}  # fmt: skip
+                "record": dict(self.record), "reason": self.reason}  # fmt: skip
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.times = {k: list(v) for k, v in state["times"].items()}
         self.picked = state["chosen"]
         self.record = dict(state["record"])
+        self.reason = state.get("reason", "")  # a checkpoint from before the probe kept it: none
 
 
 def start_after(earlier: Optional[StepProbe]) -> int:

@@ -70,7 +70,6 @@ def state_dict(trainer: "Trainer") -> Dict[str, Any]:
         "precision_probe": probe.state_dict() if probe else None,
         "precision": [trainer.precision.value, trainer.precision_reason],
         "comms_probe": trainer.comms_probe.state_dict() if trainer.comms_probe else None,
-        "comms_reason": trainer.comms_reason,
     }  # fmt: skip
 
 def load_state_dict(trainer: "Trainer", state: Dict[str, Any]) -> Dict[str, Any]:
@@ -96,7 +95,6 @@ def load_state_dict(trainer: "Trainer", state: Dict[str, Any]) -> Dict[str, Any]
     comms = trainer.comms_probe
     if comms is not None and state.get("comms_probe") is not None:  # absent: an older checkpoint
         comms.load_state_dict(state["comms_probe"])  # its decision sets the switch from the next step
-        trainer.comms_reason = state["comms_reason"]
     load_traffic_state(trainer.model, state["traffic"])
     pos = state["position"]
     same_data = (

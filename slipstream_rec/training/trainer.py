@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from slipstream_rec.distributed import DistEnv
 from slipstream_rec.sharding.qcomms_switch import CommsProbe
 from slipstream_rec.slipstream import stats
 from slipstream_rec.slipstream.controller import SlipstreamController
-from slipstream_rec.step_probe import start_after
+from slipstream_rec.step_probe import StepProbe, start_after
 from slipstream_rec.training.config import Precision, TrainerConfig
 from slipstream_rec.training.downsampling import NegativeDownsampler
 from slipstream_rec.training import run_state
@@ -72,7 +72,6 @@ class Trainer:
         self.precision_probe = PrecisionProbe(cfg.precision_probe_steps, cfg.precision_min_gain) if probing else None
         # sharding.qcomms.when=auto: quantized against fp32 comms, timed after the precision's turns
         self.comms_probe = comms_probe
-        self.comms_reason: Optional[str] = None  # the comms probe's decision and why
         if comms_probe is not None:
             comms_probe.start = start_after(self.precision_probe)
         self.in_flight: Optional[InFlight] = None  # the running epoch's iterator
@@ -210,10 +209,12 @@ class Trainer:
                     loss, logits, labels, _weights = self.pipeline.progress(batches)
                 except StopIteration:
                     break
-                if probe is not None and probe.chosen is None:
-                    self._probe_step(probe, st.step + 1, step_start)  # all ranks, the probe's steps
-                if self.comms_probe is not None and self.comms_probe.picked is None:
-                    self._comms_probe_step(self.comms_probe, st.step + 1, step_start)  # all ranks
+                if probe is not None and probe.chosen is None:  # all ranks, the probe's steps
+                    decided = self._time_probe(probe, "precision", st.step + 1, step_start)
+                    if decided is not None:
+                        self.precision, self.precision_reason = decided
+                if self.comms_probe is not None and self.comms_probe.picked is None:  # all ranks
+                    self._time_probe(self.comms_probe, "qcomms", st.step + 1, step_start)
                 batches.trained_one()
                 self.scheduler.step()
                 st.step += 1
@@ -245,21 +246,15 @@ class Trainer:
         self.profiler.after_step(step)
         self.faults.after_step(step)
 
-    def _probe_step(self, probe: PrecisionProbe, step: int, start: float) -> None:
-        decided = probe.time_step(step, start, self.env.device)  # collective at its last step
+    def _time_probe(self, probe: StepProbe, kind: str, step: int, start: float) -> Optional[Tuple[Any, str]]:
+        """Time ``step`` for ``probe`` (the precision's or the comms'); where it decides, log the
+        decision as ``kind`` and return it. Collective at the probe's checks and end."""
+        decided = probe.time_step(step, start, self.env.device)
         if decided is not None:
-            self.precision, self.precision_reason = decided
             if self.env.is_rank0:
-                logger.info("trainer: precision %s", self.precision_reason)
-            self.log.log("precision", step, {"chosen": self.precision.value, **probe.record})
-
-    def _comms_probe_step(self, probe: CommsProbe, step: int, start: float) -> None:
-        decided = probe.time_step(step, start, self.env.device)  # collective at its checks and end
-        if decided is not None:
-            self.comms_reason = decided[1]
-            if self.env.is_rank0:
-                logger.info("trainer: sharding.qcomms %s", self.comms_reason)
-            self.log.log("qcomms", step, {"chosen": decided[0], **probe.record})
+                logger.info("trainer: %s %s", kind, probe.reason)
+            self.log.log(kind, step, {"chosen": probe.picked, **probe.record})
+        return decided
 
     def comms_summary(self) -> Dict[str, Any]:
         """summary.json's ``qcomms`` additions under ``sharding.qcomms.when=auto``: what the
@@ -267,7 +262,7 @@ class Trainer:
         probe = self.comms_probe
         if probe is None:
             return {}
-        reason = self.comms_reason or "auto: quantized (as configured) until the probe decides"
+        reason = probe.reason or "auto: quantized (as configured) until the probe decides"
         return {"chosen": probe.picked or "quantized", "reason": reason + probe.unfinished(self.state.step),
                 "probe": dict(probe.record)}  # fmt: skip
 
