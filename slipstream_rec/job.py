@@ -29,6 +29,7 @@ from slipstream_rec.preflight import fixed_run_dir, policy_cannot_act
 from slipstream_rec.resume_rules import check_trains_something, config_changes
 from slipstream_rec.sharding.plan import describe_plan, shard_model
 from slipstream_rec.sharding.qcomms import codecs_registry, qcomms_summary
+from slipstream_rec.sharding.qcomms_guard import make_comms_guard
 from slipstream_rec.sharding.qcomms_switch import make_comms_probe, make_comms_switch
 from slipstream_rec.slipstream.controller import SlipstreamController
 from slipstream_rec.training.comm_hooks import install_ddp_comm_hook
@@ -169,6 +170,7 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
     # sharding.qcomms.when=auto: the codecs and the DDP hook behind one switch, and its probe
     switch = make_comms_switch(job.sharding.qcomms, tr.ddp_comm_hook is not DDPCommHook.none)
     comms_probe = make_comms_probe(job.sharding.qcomms, switch)
+    comms_guard = make_comms_guard(job.sharding.qcomms, switch, comms_probe)
     dmp = shard_model(model, job.sharding, tables, env.device, tr.batch_size, switch=switch)
     # before the first backward; local (every rank registers the same hook)
     ddp_hook = install_ddp_comm_hook(dmp, tr.ddp_comm_hook, run_meter(dmp), tr.ddp_comm_hook_scale, switch)
@@ -246,6 +248,7 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         checkpointer,
         run_dir=run_dir,
         comms_probe=comms_probe,
+        comms_guard=comms_guard,
     )
     progress.trainer = trainer
     try:

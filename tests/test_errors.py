@@ -469,6 +469,8 @@ def test_serve_when_auto_without_serving_names_the_preset_that_serves(workdir, c
     ("trainer.precision_probe_steps=-1", "0 (no timing)"),
     ("sharding.qcomms.probe_steps=-2", "0 (no timing: the comms stay on)"),
     ("sharding.qcomms.min_gain=-1", "(-1, 1)"),
+    ("sharding.qcomms.guard_every_steps=-5", "0 (no guard)"),
+    ("sharding.qcomms.max_lost=2", "a share in [0, 1]"),
 ])  # fmt: skip
 def test_the_levers_settings_are_checked_where_they_are_read(workdir, capsys, override, hint):
     line = train_fails(capsys, override)

@@ -4,7 +4,7 @@ program counts, the comms' precision, what was served, the replica, and the hot 
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slipstream_rec.report.runs import Run
 
@@ -45,9 +45,28 @@ def comms(run: Run) -> str:
         return "n/a"
     fwd, bwd = q.get("forward_on_wire", "fp32"), q.get("backward_on_wire", "fp32")
     text = f"embeddings {fwd}/{bwd}, DDP hook {hook.get('hook', 'none')}"
-    if q.get("when") == "auto" and "chosen" in q:  # sharding.qcomms.when=auto: what its probe kept
-        text += f" (auto: {q['chosen']} kept, {q['reason'].split(', ', 1)[-1]})"
+    if q.get("when") == "auto" and "chosen" in q:  # sharding.qcomms.when=auto: what its probe and guard kept
+        text += f" (auto: {q['chosen']} kept; {_probe_figures(q.get('probe') or {})}{_guard_figures(q.get('guard'))})"
     return text
+
+
+def _probe_figures(probe: Dict[str, Any]) -> str:
+    """The comms probe's timings (summary.json's ``qcomms.probe``)."""
+    if not probe:
+        return "the probe did not finish"
+    return (f"fp32 {probe['fp32_ms_per_step']:.1f} / quantized {probe['quantized_ms_per_step']:.1f} ms per step, "
+            f"{probe['steps_each']} steps each")  # fmt: skip
+
+
+def _guard_figures(guard: Optional[Dict[str, Any]]) -> str:
+    """The comms guard's outcome (summary.json's ``qcomms.guard``; none before it existed)."""
+    if not guard or not guard.get("checks"):
+        return ""
+    worst = guard["worst"]
+    error = max(f["error"] for f in worst.values())
+    lost = max(f["lost"] for f in worst.values())
+    text = f"; guard: {guard['checks']} checks, error up to {error:.2g}, lost up to {lost:.2g}"
+    return text + (f", fp32 from step {guard['tripped_at'] + 1}" if guard["tripped_at"] is not None else "")
 
 
 def turnover_rows(runs: Sequence[Run]) -> List[Tuple[str, int, int, int, int]]:

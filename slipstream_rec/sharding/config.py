@@ -98,6 +98,18 @@ class QCommsConfig:
     probe_steps: int = 16
     # auto: how much faster the quantized steps' median must be to keep them (0.05: 5%).
     min_gain: float = 0.05
+    # auto: the quantized comms' error measured every this many steps after the probe, on the
+    # run's own tensors (sharding/qcomms_guard.py); 0: never.
+    guard_every_steps: int = 100
+    # auto: the relative error (root mean square over all ranks, of the pooled embeddings, their
+    # gradients or the DDP all-reduce's gradients) past which the comms go back to fp32 for the
+    # rest of the run. fp16 of normal values loses about 3e-4, bf16 2e-3; values under fp16's
+    # normal range lose more (the scales above are for them), zeros or infinities all.
+    max_error: float = 0.05
+    # auto: the share of the values sent (non-zero) that may arrive as zero (under fp16's
+    # smallest subnormal, 6e-8) or not finite before the comms go back to fp32 for the rest of
+    # the run. clicklog's gradients unscaled: 0.3-0.9% lost; scaled by 1024: under 0.004%.
+    max_lost: float = 0.001
 
     @property
     def enabled(self) -> bool:
@@ -107,6 +119,9 @@ class QCommsConfig:
         check_fields("sharding.qcomms", self, [
             ("probe_steps", self.probe_steps >= 0, "0 (no timing: the comms stay on) or a number of steps"),
             ("min_gain", -1 < self.min_gain < 1, "a fraction in (-1, 1) (0.05: 5% faster)"),
+            ("guard_every_steps", self.guard_every_steps >= 0, "0 (no guard) or a number of steps (100)"),
+            ("max_error", self.max_error > 0, "a positive relative error (0.05: 5%)"),
+            ("max_lost", 0 <= self.max_lost <= 1, "a share in [0, 1] (0.001: 0.1% of the values)"),
         ])  # fmt: skip
 
 

@@ -12,6 +12,7 @@ bits buy nothing. No setting knows which; a clock does.
   the wire, as without a registry; the hook is the plain all-reduce. It flips only between
   steps, on every rank at the same step (the probe's turns and its decision are the ranks'
   agreement), so a step's forward and backward send alike and the ranks' collectives match.
+  On the guard's steps (qcomms_guard.py) the codecs and the hook also measure what they lose.
 * ``CommsProbe``: a ``StepProbe`` (step_probe.py) of ``fp32`` against ``quantized``
   comms, after the precision probe's turns; it sets the switch for each of its steps and, at its
   decision, for the rest of the run.
@@ -23,13 +24,14 @@ hook's meter counts each step at the bytes of the all-reduce that ran.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 import torch
 from torchrec.distributed.types import NoOpQuantizedCommCodec, QuantizedCommCodec
 
 from slipstream_rec.sharding.config import QCommsConfig, QCommsWhen
+from slipstream_rec.sharding.qcomms_guard import CommsErrors
 from slipstream_rec.step_probe import PROBE_START, StepProbe
 
 __all__ = ["CommsProbe", "CommsSwitch", "SwitchedCodec", "PLAIN", "make_comms_probe", "make_comms_switch", "registry_switch", "switch_registry"]
@@ -40,24 +42,32 @@ PLAIN = "plain:"  # a byte meter's key for what went at fp32 with the codecs swi
 
 @dataclass
 class CommsSwitch:
-    """Whether the quantized comms run now (True) or fp32 ones (False). Local state that every
-    rank changes at the same step."""
+    """Whether the quantized comms run now (True) or fp32 ones (False), and whether this step's
+    encodings are measured for the guard (qcomms_guard.py). Local state that every rank changes
+    at the same step."""
 
     on: bool = True
+    measuring: bool = False
+    errors: CommsErrors = field(default_factory=CommsErrors)  # the measured step's sums
 
 
 class SwitchedCodec(QuantizedCommCodec):
     """``inner`` while ``switch.on``, TorchRec's no-op codec (fp32 on the wire) while it is off.
     Each call reads the switch: an encode, its sizes and its decode fall in one step."""
 
-    def __init__(self, inner: Any, switch: CommsSwitch) -> None:
+    def __init__(self, inner: Any, switch: CommsSwitch, direction: str = "forward") -> None:
         self.inner, self.switch, self.plain = inner, switch, NoOpQuantizedCommCodec()
+        self.direction = direction  # the guard's name for what it encodes: forward, backward
 
     def _now(self) -> Any:
         return self.inner if self.switch.on else self.plain
 
     def encode(self, input_tensor: torch.Tensor, ctx: Optional[Any] = None) -> torch.Tensor:
-        return self._now().encode(input_tensor, ctx)
+        codec = self._now()
+        out = codec.encode(input_tensor, ctx)
+        if self.switch.measuring and codec is self.inner:  # the guard's step: what the far side will decode
+            self.switch.errors.add(self.direction, input_tensor, codec.decode(out, ctx))
+        return out
 
     def decode(self, input_grad: torch.Tensor, ctx: Optional[Any] = None) -> torch.Tensor:
         return self._now().decode(input_grad, ctx)
@@ -83,8 +93,8 @@ class SwitchedCodec(QuantizedCommCodec):
 def switch_registry(registry: Dict[str, Any], switch: CommsSwitch) -> Dict[str, Any]:
     """Every codec of ``registry`` behind ``switch`` (in place; returns it)."""
     for codecs in registry.values():
-        codecs.forward = SwitchedCodec(codecs.forward, switch)
-        codecs.backward = SwitchedCodec(codecs.backward, switch)
+        codecs.forward = SwitchedCodec(codecs.forward, switch, "forward")
+        codecs.backward = SwitchedCodec(codecs.backward, switch, "backward")
     return registry
 
 

@@ -30,6 +30,7 @@ _HOOKS: Dict[DDPCommHook, Callable[..., Any]] = {
     DDPCommHook.bf16: default_hooks.bf16_compress_hook,
 }
 _WIRE_BYTES = {DDPCommHook.fp16: 2, DDPCommHook.bf16: 2}
+_CASTS = {DDPCommHook.fp16: torch.float16, DDPCommHook.bf16: torch.bfloat16}  # what PyTorch's hooks cast to
 FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
@@ -62,13 +63,40 @@ def scaled_fp16_hook(scale: float) -> Callable[..., Any]:
     return scaled_fp16_compress_hook
 
 
-def switched_hook(hook: Callable[..., Any], switch: Any) -> Callable[..., Any]:
+def hook_round_trip(hook: DDPCommHook, scale: Optional[float]) -> Optional[Callable[[torch.Tensor, int], torch.Tensor]]:
+    """What the all-reduce delivers of one rank's bucket under ``hook`` (the far side's copy of
+    this rank's gradients: its share of the mean times the world size), for the comms guard
+    (sharding/qcomms_guard.py): PyTorch's hooks cast and then divide by the world size in the
+    cast's precision; the scaled hook multiplies and clamps in fp32, casts, and divides by the
+    scale after the all-reduce. None: no hook, nothing lost."""
+    if scale is not None:
+        def scaled(buffer: torch.Tensor, world: int) -> torch.Tensor:
+            bound = FP16_MAX / world
+            copy = buffer.mul(scale / world).clamp_(-bound, bound).to(torch.float16)  # what the hook sends
+            return copy.to(buffer.dtype).div_(scale).mul_(world)
+
+        return scaled
+    dtype = _CASTS.get(hook)
+    if dtype is None:
+        return None
+    return lambda buffer, world: buffer.to(dtype).div_(world).to(buffer.dtype).mul_(world)
+
+
+def switched_hook(
+    hook: Callable[..., Any], switch: Any, round_trip: Optional[Callable[[torch.Tensor, int], torch.Tensor]] = None
+) -> Callable[..., Any]:
     """``hook`` while ``switch.on`` (``sharding.qcomms.when=auto``, sharding/qcomms_switch.py),
     PyTorch's plain fp32 all-reduce hook (``allreduce_hook``) while it is off. The switch flips
-    only between steps, on every rank at the same step."""
+    only between steps, on every rank at the same step. On the guard's measured steps each
+    bucket's ``round_trip`` is compared with the bucket before the hook sends it (tensor ops
+    only: no host sync)."""
 
     def switched_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]
         if switch.on:
+            if switch.measuring and round_trip is not None:
+                group = process_group if process_group is not None else dist.group.WORLD
+                buffer = bucket.buffer()
+                switch.errors.add("all_reduce", buffer, round_trip(buffer, group.size()))  # type: ignore[union-attr]
             return hook(process_group, bucket)
         return default_hooks.allreduce_hook(process_group, bucket)
 
@@ -118,7 +146,7 @@ def install_ddp_comm_hook(
         )
     chosen = scaled_fp16_hook(scale) if scale is not None else _HOOKS.get(hook)
     if chosen is not None and switch is not None:
-        chosen = switched_hook(chosen, switch)
+        chosen = switched_hook(chosen, switch, hook_round_trip(hook, scale))
     else:
         switch = None  # nothing to switch: every step sends as configured
     modules = ddp_modules(model)

@@ -70,6 +70,7 @@ def state_dict(trainer: "Trainer") -> Dict[str, Any]:
         "precision_probe": probe.state_dict() if probe else None,
         "precision": [trainer.precision.value, trainer.precision_reason],
         "comms_probe": trainer.comms_probe.state_dict() if trainer.comms_probe else None,
+        "comms_guard": trainer.comms_guard.state_dict() if trainer.comms_guard else None,
     }  # fmt: skip
 
 def load_state_dict(trainer: "Trainer", state: Dict[str, Any]) -> Dict[str, Any]:
@@ -95,6 +96,9 @@ def load_state_dict(trainer: "Trainer", state: Dict[str, Any]) -> Dict[str, Any]
     comms = trainer.comms_probe
     if comms is not None and state.get("comms_probe") is not None:  # absent: an older checkpoint
         comms.load_state_dict(state["comms_probe"])  # its decision sets the switch from the next step
+    guard = trainer.comms_guard
+    if guard is not None and state.get("comms_guard") is not None:  # absent: an older checkpoint
+        guard.load_state_dict(state["comms_guard"])  # a trip holds the switch off from the next step
     load_traffic_state(trainer.model, state["traffic"])
     pos = state["position"]
     same_data = (

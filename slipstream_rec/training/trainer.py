@@ -21,6 +21,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineBase
 from slipstream_rec.checkpoint.manager import Checkpointer
 from slipstream_rec.data.batch_ops import batch_from_state
 from slipstream_rec.distributed import DistEnv
+from slipstream_rec.sharding.qcomms_guard import CommsGuard
 from slipstream_rec.sharding.qcomms_switch import CommsProbe
 from slipstream_rec.slipstream import stats
 from slipstream_rec.slipstream.controller import SlipstreamController
@@ -58,6 +59,7 @@ class Trainer:
         test_loader: Optional[Any], log: MetricLog, slipstream: SlipstreamController,
         downsampling: NegativeDownsampler, checkpointer: Optional[Checkpointer] = None,
         run_dir: Optional[Path] = None, comms_probe: Optional[CommsProbe] = None,
+        comms_guard: Optional[CommsGuard] = None,
     ) -> None:  # fmt: skip
         self.cfg, self.env, self.model, self.optimizer, self.scheduler = cfg, env, model, optimizer, scheduler
         self.train_loader, self.val_loader, self.test_loader = train_loader, val_loader, test_loader
@@ -74,6 +76,7 @@ class Trainer:
         self.comms_probe = comms_probe
         if comms_probe is not None:
             comms_probe.start = start_after(self.precision_probe)
+        self.comms_guard = comms_guard  # their error measured after the probe, fp32 where it is too large
         self.in_flight: Optional[InFlight] = None  # the running epoch's iterator
         self.resume_position: Optional[Dict[str, Any]] = None  # set by load_state_dict
         self.resumed_from: Optional[Dict[str, Any]] = None
@@ -140,6 +143,7 @@ class Trainer:
         ck = self.cfg.checkpoint
         kinds = self.slipstream.step_kinds(step)
         kinds += ["guard"] if self.downsampling.is_guard_step(step) else []
+        kinds += ["qcomms_guard"] if self.comms_guard is not None and self.comms_guard.checked_at == step else []
         kinds += ["reattach"] if step == self._reattach_step else []  # TorchRec re-attaches after a detach
         # the probes' steps (precision, then the comms) end with a host wait on a GPU
         probes = (self.precision_probe, self.comms_probe)
@@ -204,6 +208,8 @@ class Trainer:
                     self.pipeline.autocast_dtype = probe.dtype(st.step + 1)
                 if self.comms_probe is not None:
                     self.comms_probe.before_step(st.step + 1)
+                if self.comms_guard is not None:
+                    self.comms_guard.before_step(st.step + 1)
                 step_start = time.perf_counter()
                 try:
                     loss, logits, labels, _weights = self.pipeline.progress(batches)
@@ -234,6 +240,11 @@ class Trainer:
         guard = self.downsampling.maybe_guard(step)
         if guard is not None:
             self.log.log("downsampling", step, guard)
+        checked = self.comms_guard.after_step(step, self.env.device) if self.comms_guard is not None else None
+        if checked is not None:  # all ranks measured this step
+            self.log.log("qcomms_guard", step, checked)
+            if checked["tripped"] and self.env.is_rank0:
+                logger.info("trainer: qcomms %s", self.comms_guard.reason)  # type: ignore[union-attr]
         self.log.maybe_log(step, loss, lambda: self._train_record(step))
         if self.cfg.eval_every_steps and step % self.cfg.eval_every_steps == 0:
             with self._not_a_step():
@@ -258,13 +269,19 @@ class Trainer:
 
     def comms_summary(self) -> Dict[str, Any]:
         """summary.json's ``qcomms`` additions under ``sharding.qcomms.when=auto``: what the
-        probe chose and why, its timings (empty where there is no probe)."""
-        probe = self.comms_probe
-        if probe is None:
-            return {}
-        reason = probe.reason or "auto: quantized (as configured) until the probe decides"
-        return {"chosen": probe.picked or "quantized", "reason": reason + probe.unfinished(self.state.step),
-                "probe": dict(probe.record)}  # fmt: skip
+        probe chose and why, its timings, the guard's checks (and fp32 where it tripped); empty
+        where neither runs."""
+        probe, guard = self.comms_probe, self.comms_guard
+        out: Dict[str, Any] = {}
+        if probe is not None:
+            reason = probe.reason or "auto: quantized (as configured) until the probe decides"
+            out = {"chosen": probe.picked or "quantized", "reason": reason + probe.unfinished(self.state.step),
+                   "probe": dict(probe.record)}  # fmt: skip
+        if guard is not None:
+            out["guard"] = guard.summary()
+            if guard.tripped_at is not None:  # the run ended in fp32, whatever the probe chose
+                out["chosen"], out["reason"] = "fp32", "; ".join(r for r in (out.get("reason"), guard.reason) if r)
+        return out
 
     def _train_record(self, step: int) -> Dict[str, Any]:
         return {

@@ -341,16 +341,26 @@ QCOMMS_AUTO = [
 ]  # fmt: skip
 
 
-def test_the_comms_decision_resumes_with_the_run(tmp_path, data_root):
-    """Killed at step 21 and resumed from step 16, after the comms probe chose fp32 at step 12:
-    the resumed steps must send fp32 as the uninterrupted run's did (the switch restored, not
-    the configured quantized comms), so the run ends with the same bytes, decision and state."""
-    ref_dir, run_dir = _uninterrupted_and_killed(tmp_path, [*QCOMMS_AUTO, f"data.root={data_root}"], step=21, rank=1)
+# the same with the quantized comms chosen and the guard tripped at step 14 (fp16 cannot meet an
+# error of 1e-9): fp32 from step 15
+GUARD_TRIPPED = ["sharding.qcomms.min_gain=-0.9", "sharding.qcomms.guard_every_steps=14", "sharding.qcomms.max_error=1e-9"]
+
+
+@pytest.mark.parametrize("decided", ["probe", "guard"])
+def test_the_comms_decision_resumes_with_the_run(tmp_path, data_root, decided):
+    """Killed at step 21 and resumed from step 16, after the comms probe chose fp32 at step 12
+    (or chose quantized, and the guard turned them off at step 14): the resumed steps must send
+    fp32 as the uninterrupted run's did (the switch restored, not the configured or the probe's
+    quantized comms), so the run ends with the same bytes, decision and state."""
+    extra = GUARD_TRIPPED if decided == "guard" else []
+    ref_dir, run_dir = _uninterrupted_and_killed(tmp_path, [*QCOMMS_AUTO, *extra, f"data.root={data_root}"], step=21, rank=1)
     ref, got = _summary(ref_dir), _summary(run_dir)
     assert got["resumed_from"]["step"] == 16 and ref["qcomms"]["chosen"] == "fp32"
-    # the decision and its reason come back (the seconds are each run's own)
-    same = lambda q: {k: v for k, v in q.items() if k not in ("reason", "probe")}  # noqa: E731
-    assert same(got["qcomms"]) == same(ref["qcomms"]) and got["qcomms"]["reason"].startswith("auto: fp32, timed on")
+    assert ref["qcomms"]["guard"]["tripped_at"] == (14 if decided == "guard" else None)
+    # the decision and its reason come back (the seconds and errors are each run's own)
+    same = lambda q: {k: v for k, v in q.items() if k not in ("reason", "probe", "guard")}  # noqa: E731
+    assert same(got["qcomms"]) == same(ref["qcomms"]) and got["qcomms"]["reason"].startswith(f"auto: {'fp32' if decided == 'probe' else 'quantized'}, timed on")
+    assert got["qcomms"]["guard"]["tripped_at"] == ref["qcomms"]["guard"]["tripped_at"]
     for kind in ("output", "gradient", "dense"):
         assert got["a2a_bytes_per_sample"][kind] == ref["a2a_bytes_per_sample"][kind], kind
     assert {k: got[k] for k in COUNTERS if k != "samples_skipped"} == {k: ref[k] for k in COUNTERS if k != "samples_skipped"}

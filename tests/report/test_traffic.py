@@ -57,8 +57,18 @@ def test_the_comms_cell_says_what_the_auto_probe_kept():
     from slipstream_rec.report.traffic import comms
 
     q = {"forward_on_wire": "fp16", "backward_on_wire": "fp16", "when": "auto", "chosen": "fp32",
-         "reason": "auto: fp32, timed on this run: quantized 30.0 ms per step against fp32 30.5 ms (+1.6% faster)"}
-    assert comms({"qcomms": q, "ddp_comm_hook": {"hook": "fp16"}}) == (
-        "embeddings fp16/fp16, DDP hook fp16 (auto: fp32 kept, timed on this run: quantized 30.0 ms per step "
-        "against fp32 30.5 ms (+1.6% faster))")
-    assert comms({"qcomms": {**q, "when": "always"}, "ddp_comm_hook": {"hook": "fp16"}}) == "embeddings fp16/fp16, DDP hook fp16"
+         "reason": "auto: fp32, timed on this run: quantized 30.0 ms per step against fp32 30.5 ms (+1.6% faster)",
+         "probe": {"fp32_ms_per_step": 30.5, "quantized_ms_per_step": 30.04, "steps_each": 8, "min_gain": 0.05}}
+    hook = {"hook": "fp16"}
+    assert comms({"qcomms": q, "ddp_comm_hook": hook}) == (
+        "embeddings fp16/fp16, DDP hook fp16 (auto: fp32 kept; fp32 30.5 / quantized 30.0 ms per step, 8 steps each)")
+    assert comms({"qcomms": {**q, "when": "always"}, "ddp_comm_hook": hook}) == "embeddings fp16/fp16, DDP hook fp16"
+    assert comms({"qcomms": {**q, "probe": {}}, "ddp_comm_hook": hook}).endswith("(auto: fp32 kept; the probe did not finish)")
+    guard = {"checks": 3, "tripped_at": 300, "worst": {"forward": {"error": 2.1e-4, "lost": 0.0},
+                                                       "backward": {"error": 5.4e-4, "lost": 0.0041}}}  # fmt: skip
+    assert comms({"qcomms": {**q, "guard": guard}, "ddp_comm_hook": hook}).endswith(
+        "8 steps each; guard: 3 checks, error up to 0.00054, lost up to 0.0041, fp32 from step 301)")
+    kept = {**guard, "tripped_at": None}
+    assert comms({"qcomms": {**q, "chosen": "quantized", "guard": kept}, "ddp_comm_hook": hook}).endswith(
+        "(auto: quantized kept; fp32 30.5 / quantized 30.0 ms per step, 8 steps each; guard: 3 checks, error up to "
+        "0.00054, lost up to 0.0041)")

@@ -116,13 +116,17 @@ COMMON = ["trainer.max_steps=40", "trainer.precision=fp32", "trainer.checkpoint.
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A run without qcomms, and two with them under when=auto whose margin forces each decision
-    (a step 90% faster is never measured; one 90% slower always passes)."""
+    """A run without qcomms, and three with them under when=auto whose margin forces each decision
+    (a step 90% faster is never measured; one 90% slower always passes); the quantized ones'
+    guard measures at step 25, within bounds that pass (quantized) or that fp16 cannot meet
+    (tripped: an error of 1e-9)."""
     root = tmp_path_factory.mktemp("qcomms_auto")
     out = {"plain": (_torchrun(root / "plain", root / "data", *COMMON), [])}
-    for picked, gain in (("fp32", 0.9), ("quantized", -0.9)):
+    guard = ["sharding.qcomms.guard_every_steps=25", "sharding.qcomms.max_lost=1"]
+    for picked, gain, bound in (("fp32", 0.9, 1), ("quantized", -0.9, 1), ("tripped", -0.9, 1e-9)):
         summary = _torchrun(root / picked, root / "data", *COMMON, *Q, "sharding.qcomms.when=auto",
-                            f"sharding.qcomms.probe_steps={PROBE}", f"sharding.qcomms.min_gain={gain}")  # fmt: skip
+                            f"sharding.qcomms.probe_steps={PROBE}", f"sharding.qcomms.min_gain={gain}",
+                            *guard, f"sharding.qcomms.max_error={bound}")  # fmt: skip
         records = [json.loads(line) for line in (root / picked / "metrics.jsonl").read_text().splitlines()]
         out[picked] = (summary, records)
     return out
@@ -149,3 +153,27 @@ def test_a_run_decides_once_and_its_bytes_follow_the_switch_step_by_step(runs, p
         assert auto["a2a_bytes_per_sample"][kind] == pytest.approx(want, rel=1e-4), kind
     assert auto["a2a_bytes_per_sample"]["input"] == plain["a2a_bytes_per_sample"]["input"]  # ids: never quantized
     assert plain["qcomms"]["when"] == "always" and "chosen" not in plain["qcomms"]
+    # the guard measured the quantized comms once (fp16's 11 bits: about 2e-4 of the pooled
+    # embeddings), and nothing where fp32 ran
+    checks = [r for r in records if r["kind"] == "qcomms_guard"]
+    assert q["guard"]["checks"] == len(checks) == (picked == "quantized") and q["guard"]["tripped_at"] is None
+    if checks:
+        assert checks[0]["step"] == 25 and 1e-5 < checks[0]["forward"]["error"] < 1e-3 and not checks[0]["tripped"]
+        assert set(checks[0]) - {"kind", "step", "time", "tripped"} == {"forward", "backward", "all_reduce"}
+
+
+def test_a_tripped_guard_sends_fp32_from_the_next_step_to_the_end(runs):
+    from slipstream_rec.step_probe import PROBE_START
+
+    plain, (auto, records) = runs["plain"][0], runs["tripped"]
+    q = auto["qcomms"]
+    assert [r["chosen"] for r in records if r["kind"] == "qcomms"] == ["quantized"]  # the probe's decision
+    checks = [r for r in records if r["kind"] == "qcomms_guard"]
+    assert [(r["step"], r["tripped"]) for r in checks] == [(25, True)] and q["guard"]["tripped_at"] == 25
+    assert q["chosen"] == "fp32" and "guard: fp32 from step 26" in q["reason"] and q["reason"].startswith("auto: quantized")
+    steps = auto["steps"]
+    assert PROBE_START + 2 * PROBE < 25 < steps == plain["steps"]
+    fp32_steps = PROBE + (steps - 25)  # the probe's fp32 turns, then every step after the trip
+    share = (fp32_steps + 0.5 * (steps - fp32_steps)) / steps
+    for kind in ("output", "gradient", "dense"):
+        assert auto["a2a_bytes_per_sample"][kind] == pytest.approx(plain["a2a_bytes_per_sample"][kind] * share, rel=1e-4), kind
