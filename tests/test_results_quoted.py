@@ -1389,6 +1389,37 @@ def test_the_defaults_with_quantized_comms_at_dim_128_are_quoted():
         assert 0.925 <= round(de["served_fraction"], 3) <= 0.926
 
 
+def test_the_comms_guard_is_quoted():
+    """docs/performance.md's table of the comms guard across two nodes: every run's seconds,
+    ratio, wire bytes, the guard's checks, its largest error and share lost with their directions,
+    what the run ended with and the paired test AUC."""
+    runs = {r["job"]: r for r in _network_runs("network_qcomms_guard_200mbit")}
+    names = {"`off`": "off", "`off` + qcomms, auto": "off+qcomms(auto)",
+             "`off` + qcomms scaled by 1024, auto": "off+qcomms scaled(auto)"}  # fmt: skip
+    rows = _rows("docs/performance.md", "| job (qcomms auto with the guard, dim 16, 200mbit, seed 0) |")
+    assert [names[row[0]] for row in rows] == list(runs)
+    off = runs["off"]
+    for row in rows:
+        r = runs[names[row[0]]]
+        _check(row[1], [r["train_seconds"]])
+        _check(row[3], [r["wire_bytes_per_sample"]])
+        if r is off:
+            assert row[2] == row[4] == row[5] == row[6] == row[7] == row[8] == ""
+            continue
+        _check(row[2], [off["train_seconds"] / r["train_seconds"]])
+        _check(row[8], [r["test_auc"] - off["test_auc"]])
+        guard = r["qcomms"]["guard"]
+        _check(row[4], [guard["checks"]])
+        error = max(guard["worst"].items(), key=lambda kv: kv[1]["error"])
+        lost = max(guard["worst"].items(), key=lambda kv: kv[1]["lost"])
+        _check(row[5], [1e4 * error[1]["error"]])
+        _check(row[6], [100 * lost[1]["lost"]])
+        assert row[5].endswith(f"({error[0]})") and row[6].endswith(f"({lost[0]})")
+        tripped = guard["tripped_at"]
+        assert row[7] == (f"fp32 from step {tripped + 1}" if tripped is not None else r["qcomms"]["chosen"])
+        assert (r["qcomms"]["chosen"] == "fp32") == (tripped is not None)
+
+
 def test_quantized_comms_where_they_pay_are_quoted():
     """docs/performance.md's two tables of ``sharding.qcomms.when=auto``: every run's seconds,
     ratio, wire bytes, the probe's two medians, what it kept and the paired test AUC; after the
