@@ -1420,6 +1420,20 @@ def test_the_comms_guard_is_quoted():
         assert row[7] == (f"fp32 from step {tripped + 1}" if tripped is not None else r["qcomms"]["chosen"])
         assert (r["qcomms"]["chosen"] == "fp32") == (tripped is not None)
 
+    runs = {(r["job"], r["seed"]): r for name in ("network_qcomms_guard_200mbit", "network_qcomms_guard_seeds12_200mbit")
+            for r in _network_runs(name)}  # fmt: skip
+    rows = _rows("docs/performance.md", "| seed (qcomms scaled by 1024, auto, with the guard, 200mbit) |")
+    assert [int(row[0]) for row in rows] == [0, 1, 2]
+    for row in rows:
+        off, r = runs[("off", int(row[0]))], runs[("off+qcomms scaled(auto)", int(row[0]))]
+        guard = r["qcomms"]["guard"]
+        _check(" ".join(row[1:5]), [off["train_seconds"], r["train_seconds"], off["train_seconds"] / r["train_seconds"],
+                                    guard["checks"]])  # fmt: skip
+        _check(row[5], [1e4 * max(f["error"] for f in guard["worst"].values())])
+        _check(row[6], [100 * max(f["lost"] for f in guard["worst"].values())])
+        assert row[7] == r["qcomms"]["chosen"] == "quantized" and guard["tripped_at"] is None
+        _check(row[8], [r["test_auc"] - off["test_auc"]])
+
 
 def test_quantized_comms_where_they_pay_are_quoted():
     """docs/performance.md's two tables of ``sharding.qcomms.when=auto``: every run's seconds,

@@ -1,5 +1,5 @@
 """``sharding.qcomms.when=auto``'s quality guard: the quantized comms' error read on the run's own
-tensors, and fp32 for the rest of the run where it passes its bound.
+tensors, and fp32 for the rest of the run where it passes its bounds.
 
 Quantizing loses bits: fp16 keeps 11 of a normal value (a relative error of about 3e-4, root mean
 square), bf16 8, int8 a row's range over 255 steps; values under fp16's normal range (6.1e-5,
@@ -11,7 +11,8 @@ much a run loses is a property of its tensors, so the guard reads it there:
   run) the switch marks the step as measured; each switched codec and the switched DDP hook then
   decode what they encoded and add, per direction (``forward``: the pooled embeddings,
   ``backward``: their gradients, ``all_reduce``: the gradients DDP all-reduces), the squared
-  difference and the squared original into tensors on the device (no host sync in the step);
+  difference, the squared original and the values lost and sent into tensors on the device (no
+  host sync in the step);
 * after that step every rank enters one SUM all-reduce of the sums and reads each direction's
   relative error (the root of the summed squared error over the summed squared original, over
   all ranks) and its share of values lost (sent non-zero, arrived as zero or not finite); past
@@ -37,8 +38,6 @@ from slipstream_rec.distributed import all_reduce_
 __all__ = ["DIRECTIONS", "CommsErrors", "CommsGuard", "make_comms_guard"]
 
 DIRECTIONS = ("forward", "backward", "all_reduce")
-
-
 SUMS = 4  # per direction: squared error, squared original, values lost, values sent (non-zero)
 
 
