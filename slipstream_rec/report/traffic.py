@@ -65,7 +65,8 @@ def _guard_figures(guard: Optional[Dict[str, Any]]) -> str:
     worst = guard["worst"]
     error = max(f["error"] for f in worst.values())
     lost = max(f["lost"] for f in worst.values())
-    text = f"; guard: {guard['checks']} checks, error up to {error:.2g}, lost up to {lost:.2g}"
+    checks = guard["checks"]
+    text = f"; guard: {checks} check{'s' if checks != 1 else ''}, error up to {error:.2g}, lost up to {lost:.2g}"
     return text + (f", fp32 from step {guard['tripped_at'] + 1}" if guard["tripped_at"] is not None else "")
 
 

@@ -68,6 +68,8 @@ def test_the_comms_cell_says_what_the_auto_probe_kept():
                                                        "backward": {"error": 5.4e-4, "lost": 0.0041}}}  # fmt: skip
     assert comms({"qcomms": {**q, "guard": guard}, "ddp_comm_hook": hook}).endswith(
         "8 steps each; guard: 3 checks, error up to 0.00054, lost up to 0.0041, fp32 from step 301)")
+    one = {**guard, "checks": 1}
+    assert "; guard: 1 check, error" in comms({"qcomms": {**q, "guard": one}, "ddp_comm_hook": hook})
     kept = {**guard, "tripped_at": None}
     assert comms({"qcomms": {**q, "chosen": "quantized", "guard": kept}, "ddp_comm_hook": hook}).endswith(
         "(auto: quantized kept; fp32 30.5 / quantized 30.0 ms per step, 8 steps each; guard: 3 checks, error up to "
