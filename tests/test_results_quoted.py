@@ -1092,6 +1092,7 @@ def test_the_three_seed_dim16_table_quotes_its_runs():
     ("| seed (539511b, dim 16 over 200mbit) | link |", ["network_lookend_dim16_200mbit"]),
     ("| seed (3460cc9, dim 16 over 200mbit) | link |", ["network_bf16scale_dim16_200mbit", "network_bf16scale_seed2_dim16_200mbit"]),
     ("| seed (0ba27cf, dim 16 over 200mbit, two epochs) | link |", ["network_recheck_2epochs_dim16_200mbit"]),
+    ("| seed (10342f2, dim 16 over 200mbit, three epochs) | link |", ["network_recheck_3epochs_dim16_200mbit"]),
 ])  # fmt: skip
 def test_the_preset_on_one_machine_tables_quote_their_runs(header, names):
     """The preset against off at dim 128 (3 seeds over 1gbit, seed 0 unshaped) and dim 16
