@@ -29,8 +29,8 @@ _HOOKS: Dict[DDPCommHook, Callable[..., Any]] = {
     DDPCommHook.fp16: default_hooks.fp16_compress_hook,
     DDPCommHook.bf16: default_hooks.bf16_compress_hook,
 }
-_WIRE_BYTES = {DDPCommHook.fp16: 2, DDPCommHook.bf16: 2}
 _CASTS = {DDPCommHook.fp16: torch.float16, DDPCommHook.bf16: torch.bfloat16}  # what PyTorch's hooks cast to
+_WIRE_BYTES = {hook: dtype.itemsize for hook, dtype in _CASTS.items()}
 FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
@@ -52,8 +52,7 @@ def scaled_fp16_hook(scale: float) -> Callable[..., Any]:
         group = process_group if process_group is not None else dist.group.WORLD  # as PyTorch's hooks
         world = group.size()  # type: ignore[union-attr]
         buffer = bucket.buffer()
-        bound = FP16_MAX / world
-        sent = buffer.mul(scale / world).clamp_(-bound, bound).to(torch.float16)
+        sent = _scaled_fp16(buffer, scale, world)
 
         def decompress(fut):  # type: ignore[no-untyped-def]
             return buffer.copy_(fut.value()[0]).div_(scale)  # in place, as PyTorch's hook
@@ -61,6 +60,13 @@ def scaled_fp16_hook(scale: float) -> Callable[..., Any]:
         return dist.all_reduce(sent, group=group, async_op=True).get_future().then(decompress)
 
     return scaled_fp16_compress_hook
+
+
+def _scaled_fp16(buffer: torch.Tensor, scale: float, world: int) -> torch.Tensor:
+    """What the scaled fp16 hook sends of one rank's ``buffer``: times ``scale`` / ``world`` in
+    fp32, clamped so that ``world`` ranks' sum stays finite, cast to fp16."""
+    bound = FP16_MAX / world
+    return buffer.mul(scale / world).clamp_(-bound, bound).to(torch.float16)
 
 
 def hook_round_trip(hook: DDPCommHook, scale: Optional[float]) -> Optional[Callable[[torch.Tensor, int], torch.Tensor]]:
@@ -71,9 +77,7 @@ def hook_round_trip(hook: DDPCommHook, scale: Optional[float]) -> Optional[Calla
     scale after the all-reduce. None: no hook, nothing lost."""
     if scale is not None:
         def scaled(buffer: torch.Tensor, world: int) -> torch.Tensor:
-            bound = FP16_MAX / world
-            copy = buffer.mul(scale / world).clamp_(-bound, bound).to(torch.float16)  # what the hook sends
-            return copy.to(buffer.dtype).div_(scale).mul_(world)
+            return _scaled_fp16(buffer, scale, world).to(buffer.dtype).div_(scale).mul_(world)
 
         return scaled
     dtype = _CASTS.get(hook)
