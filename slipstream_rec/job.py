@@ -293,7 +293,7 @@ def _run(job: JobConfig, env: DistEnv, progress: _Progress) -> Dict[str, Any]:
         "sharding": job.sharding.type.value,
         "sharding_plan": plan,
         "qcomms": {
-            **qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms, env.device)),
+            **qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms)),
             **trainer.comms_summary(),
         },
         "ddp_comm_hook": ddp_hook,

@@ -84,8 +84,8 @@ class QCommsConfig:
     backward: CommPrecision = CommPrecision.fp32
     # The gradients multiplied by this before the backward's fp16 / bf16 encoding and divided
     # after decoding (TorchRec's QCommsConfig.backward_loss_scale): a mean loss over a batch of
-    # thousands makes them small enough that fp16 (bf16's stand-in on gloo) holds many only as
-    # subnormals (below 6.1e-5), with few bits, or as zero. null: none. fp16 / bf16 only.
+    # thousands makes them small enough that fp16 holds many only as subnormals (below 6.1e-5),
+    # with few bits, or as zero (bf16 has fp32's range: it needs none). null: none. fp16 / bf16 only.
     backward_loss_scale: Optional[float] = None
     # What the planner costs the comms at: fp32 (the plan without qcomms; only the wire's
     # precision changes) or quantized (the codecs' sizes, TorchRec's behaviour: it may choose

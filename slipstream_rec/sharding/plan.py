@@ -247,7 +247,7 @@ def make_sharders(
     if cfg is not None and cfg.cache_stats and device_type == "cuda":
         # FBGEMM's TBE then counts its GPU cache's lookups and misses (get_uvm_cache_stats).
         fused_params = {"gather_uvm_cache_stats": True}
-    registry = codecs_registry(cfg.qcomms, torch.device(device_type)) if cfg is not None else None
+    registry = codecs_registry(cfg.qcomms) if cfg is not None else None
     if registry is not None and switch is not None:
         registry = switch_registry(registry, switch)
     return [SlipstreamEmbeddingBagCollectionSharder(fused_params=fused_params, qcomm_codecs_registry=registry)]

@@ -1,7 +1,8 @@
 """Quantized comms: ``sharding.qcomms`` as TorchRec's codec registry, and what it puts on the wire.
 
-TorchRec's ``QCommsConfig`` + ``get_qcomm_codecs_registry`` give one codec per embedding
-collective (pooled all-to-all, reduce-scatter, sequence all-to-all) and direction. The registry
+TorchRec's ``QCommsConfig`` + ``get_qcomm_codecs`` give one codec per pooled-embedding
+collective (all-to-all, reduce-scatter) and direction, in the precision asked on every backend
+(bf16 included on gloo, where TorchRec's registry would send fp16). The registry
 goes to the sharder DMP builds the output dists with, and to the planner's only with
 ``sharding.qcomms.plan_as=quantized`` (it then costs the communication with the codec's element
 size; by default it plans as for fp32 comms, ``plan.planner_sharders``).
@@ -15,22 +16,19 @@ linear in the length, so the factor of the totals is exact.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torchrec.distributed.fbgemm_qcomm_codec import (
     CommType,
-    get_qcomm_codecs_registry,
+    get_qcomm_codecs,
 )
 from torchrec.distributed.fbgemm_qcomm_codec import QCommsConfig as TorchRecQCommsConfig
 from torchrec.distributed.types import CommOp, QuantizedCommCodec, ShardingPlan, ShardingType
 
 from slipstream_rec.sharding.config import CommPrecision, QCommsConfig, ShardingConfig
 from slipstream_rec.sharding.qcomms_switch import SwitchedCodec
-
-logger = logging.getLogger(__name__)
 
 # The collectives of the pooled embeddings that this project's sharding types use: the
 # all-to-all (table_wise, column_wise, table_column_wise) and the reduce-scatter (row_wise,
@@ -42,8 +40,9 @@ def _comm_type(p: CommPrecision) -> CommType:
     return CommType(p.value)
 
 
-def codecs_registry(cfg: QCommsConfig, device: torch.device) -> Optional[Dict[str, Any]]:
-    """TorchRec's codec registry for ``cfg`` on ``device`` (None: off, fp32 both ways)."""
+def codecs_registry(cfg: QCommsConfig) -> Optional[Dict[str, Any]]:
+    """TorchRec's codec registry for ``cfg``, one codec pair per pooled-embedding collective
+    (None: off, fp32 both ways)."""
     if not cfg.enabled:
         return None
     scale = cfg.backward_loss_scale
@@ -60,19 +59,13 @@ def codecs_registry(cfg: QCommsConfig, device: torch.device) -> Optional[Dict[st
                 f"{cfg.backward.value}: TorchRec scales only fp16 and bf16 gradients (it would drop the "
                 "scale). Fix: sharding.qcomms.backward=fp16 (or bf16), or sharding.qcomms.backward_loss_scale=null"
             )
-    # TorchRec logs a warning for every fallback (bf16 -> fp16 on gloo); the summary records
-    # what went on the wire instead, so keep its log quiet here.
-    tr_logger = logging.getLogger()
-    level = tr_logger.level
-    tr_logger.setLevel(max(level, logging.ERROR))
-    try:
-        registry = get_qcomm_codecs_registry(
-            TorchRecQCommsConfig(forward_precision=_comm_type(cfg.forward), backward_precision=_comm_type(cfg.backward)),
-            comm_ops=list(_COMM_OPS),
-            device=device,
-        )
-    finally:
-        tr_logger.setLevel(level)
+    # TorchRec's get_qcomm_codecs_registry turns bf16 into fp16 wherever the device is a CPU
+    # (written for a gloo without bf16 reductions); torch 2.13's gloo sums and exchanges bf16
+    # (tests/sharding/test_qcomms.py sends it), so the codecs are built per collective here and
+    # bf16 goes on the wire as asked, as it does on NCCL. The registry's other fallbacks are
+    # for fp8 / mx4, which the options do not offer.
+    asked = TorchRecQCommsConfig(forward_precision=_comm_type(cfg.forward), backward_precision=_comm_type(cfg.backward))
+    registry = {op.name: get_qcomm_codecs(asked) for op in _COMM_OPS}
     if scale is not None:
         for codecs in registry.values():
             codecs.backward = RescaledCodec(codecs.backward, scale)

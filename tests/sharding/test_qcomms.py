@@ -186,6 +186,21 @@ def test_a_scaled_backward_sends_the_same_bytes_and_steps_as_the_reference(kind)
         assert 0 < scaled[r]["row_err"]
 
 
+@pytest.mark.parametrize("kind", ["table_wise", "row_wise"])  # the all-to-all; the reduce-scatter
+def test_bf16_gradients_go_on_the_wire_in_bf16_on_gloo(kind):
+    # forward fp16, backward bf16 (the issue's pair): TorchRec's registry would send the bf16 as
+    # fp16 on a CPU; built per collective, the gradients go to torch.distributed as bfloat16,
+    # half of fp32's bytes, and the step's rows carry bf16's coarser rounding
+    off, fp16, bf16 = _run(kind, "fp32", "fp32"), _run(kind, "fp16", "fp16"), _run(kind, "fp16", "bf16")
+    for r in range(WORLD):
+        q = bf16[r]
+        assert q["counted"]["bfloat16"] == q["meter"]["gradient"] > 0
+        assert q["counted"]["float16"] == q["meter"]["output"] > 0 and "float32" not in q["counted"]
+        assert 2 * q["meter"]["gradient"] == off[r]["meter"]["gradient"]
+        assert q["logits"] == fp16[r]["logits"]  # the same fp16 forward
+        assert q["row_err"] > 2 * fp16[r]["row_err"] > 0, (q["row_err"], fp16[r]["row_err"])
+
+
 def test_int8_comms_count_their_rows_scale_and_bias():
     off, q = _run("table_wise", "fp32", "fp32"), _run("table_wise", "int8", "fp16")
     for r in range(WORLD):
@@ -222,17 +237,17 @@ def test_qcomms_options_compose_and_reach_the_summary_fields():
     from slipstream_rec.sharding.qcomms import codecs_registry, qcomms_summary
 
     job = load_config(["sharding.qcomms.forward=fp16", "sharding.qcomms.backward=bf16", "slipstream=off"])
-    got = qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms, torch.device("cpu")))
-    # bf16 becomes fp16 on gloo (TorchRec's fallback), and the summary says so
-    assert got == {"forward": "fp16", "backward": "bf16", "forward_on_wire": "fp16", "backward_on_wire": "fp16",
+    got = qcomms_summary(job.sharding.qcomms, codecs_registry(job.sharding.qcomms))
+    # bf16 goes on the wire as bf16 on gloo too (TorchRec's registry would send fp16 on a CPU)
+    assert got == {"forward": "fp16", "backward": "bf16", "forward_on_wire": "fp16", "backward_on_wire": "bf16",
                    "forward_wire_factor": 0.5, "backward_wire_factor": 0.5, "backward_loss_scale": None,
                    "plan_as": "fp32", "when": "always"}
     auto = load_config(["sharding.qcomms.forward=fp16", "sharding.qcomms.when=auto", "slipstream=off"]).sharding.qcomms
-    assert qcomms_summary(auto, codecs_registry(auto, torch.device("cpu")))["when"] == "auto"
+    assert qcomms_summary(auto, codecs_registry(auto))["when"] == "auto"
     with pytest.raises(ConfigError, match="sharding.qcomms.when.*sometimes"):
         load_config(["sharding.qcomms.when=sometimes"])
     off = load_config(["slipstream=off"]).sharding.qcomms
-    assert codecs_registry(off, torch.device("cpu")) is None
+    assert codecs_registry(off) is None
     with pytest.raises(ConfigError, match="sharding.qcomms.forward.*fp8"):
         load_config(["sharding.qcomms.forward=fp8"])
     with pytest.raises(ConfigError, match="sharding.qcomms.plan_as.*int8"):
@@ -246,9 +261,9 @@ def test_the_backward_loss_scale_keeps_small_gradients_bits_through_the_codec():
     from slipstream_rec.sharding.qcomms import codecs_registry, qcomms_summary
 
     def codecs(scale):
-        job = load_config(["sharding.qcomms.forward=fp16", "sharding.qcomms.backward=bf16", "slipstream=off",
+        job = load_config(["sharding.qcomms.forward=fp16", "sharding.qcomms.backward=fp16", "slipstream=off",
                            f"sharding.qcomms.backward_loss_scale={scale}"])  # fmt: skip
-        return job.sharding.qcomms, codecs_registry(job.sharding.qcomms, torch.device("cpu"))
+        return job.sharding.qcomms, codecs_registry(job.sharding.qcomms)
 
     # gradients of a batch mean: about 1e-6, below fp16's normal range (6.1e-5)
     grad = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 1e-6
@@ -280,7 +295,7 @@ def test_the_backward_loss_scale_is_refused_where_torchrec_would_drop_it():
     ]:  # fmt: skip
         cfg = load_config([*overrides, "slipstream=off"]).sharding.qcomms
         with pytest.raises(ValueError, match=match):
-            codecs_registry(cfg, torch.device("cpu"))
+            codecs_registry(cfg)
 
 
 def planned_worker(env):

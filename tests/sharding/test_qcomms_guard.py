@@ -21,7 +21,7 @@ def _codec(precision: str, scale=None):
     from slipstream_rec.sharding.qcomms import codecs_registry
 
     cfg = QCommsConfig(forward=CommPrecision[precision], backward=CommPrecision[precision], backward_loss_scale=scale)
-    registry = codecs_registry(cfg, torch.device("cpu"))
+    registry = codecs_registry(cfg)
     from torchrec.distributed.types import CommOp
 
     return registry, registry[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name]

@@ -1,7 +1,7 @@
 """``trainer.ddp_comm_hook`` on 2 gloo processes: the bytes the program counts for DDP's
 all-reduces equal what the all-reduces are given (counted here independently, per bucket), fp16
 and bf16 halve them, and the dense gradients stay the unsharded reference's within the
-compressed precision; behind ``sharding.qcomms.when=auto``'s switch, off is the plain all-reduce
+compressed precision (bf16 on gloo too); behind ``sharding.qcomms.when=auto``'s switch, off is the plain all-reduce
 and on the hook."""
 
 from __future__ import annotations
@@ -128,10 +128,18 @@ def test_ddp_comm_hooks_halve_the_counted_all_reduce_bytes(kind):
         assert 0 < fp16["worst"] < 2e-3
 
 
-def test_bf16_hook_is_refused_on_gloo_in_one_line():
-    with pytest.raises(AssertionError, match=r"ValueError: trainer.ddp_comm_hook=bf16 needs CUDA and NCCL .*gloo.*"
-                                             r"Fix: trainer.ddp_comm_hook=fp16"):
-        run_workers(hook_worker, WORLD, hook="bf16", kind="table_wise")
+def test_the_bf16_hook_sends_bf16_on_gloo_as_on_nccl():
+    # PyTorch's bf16 hook under another name (DDP refuses the name without NCCL): the counted
+    # bucket bytes went to the all-reduce as bfloat16, half of fp32's, and the gradients carry
+    # bf16's 8 bits, coarser than fp16's 11 (the worst error relative to a tensor's largest,
+    # measured: fp16 6.0e-4, bf16 4.7e-3)
+    none, fp16, bf16 = _hooked("table_wise", "none"), _hooked("table_wise", "fp16"), _hooked("table_wise", "bf16")
+    for r in range(WORLD):
+        assert bf16[r]["given"]["bfloat16"] == bf16[r]["meter"]["dense"] > 0
+        assert bf16[r]["given"]["float32"] == bf16[r]["given"]["float16"] == 0
+        assert 2 * bf16[r]["meter"]["dense"] == none[r]["meter"]["dense"]
+        assert bf16[r]["info"] == {**fp16[r]["info"], "hook": "bf16"}
+        assert 4 * fp16[r]["worst"] < bf16[r]["worst"] < 1e-2, (fp16[r]["worst"], bf16[r]["worst"])
 
 
 def small_gradients_worker(env):
