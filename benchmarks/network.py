@@ -24,7 +24,7 @@ figure (samples/s against link rate per job, each job's unshaped rate as its cei
 
     .venv/bin/python benchmarks/network.py --rates none,200mbit --seeds 1 --progress \
         --job off="slipstream=off trainer.precision=fp32" \
-        --job off+qcomms="slipstream=off trainer.precision=fp32 sharding.qcomms.forward=fp16 sharding.qcomms.backward=bf16 trainer.ddp_comm_hook=fp16"
+        --job off+qcomms="slipstream=off trainer.precision=fp32 sharding.qcomms.forward=fp16 sharding.qcomms.backward=bf16 trainer.ddp_comm_hook=bf16"
 
 Without root, ``ip``/``tc`` or ``tbf`` it says so in one line and exits 2.
 """
@@ -51,7 +51,7 @@ from benchmarks._runner import ROOT, auc_difference, fmt_cell, in_turn  # noqa: 
 
 DEFAULT_BASE = "experiment=clicklog_quick trainer.progress_bar=false trainer.tensorboard=false trainer.checkpoint.enabled=false"
 OFF = "slipstream=off trainer.precision=fp32"
-QCOMMS = "sharding.qcomms.forward=fp16 sharding.qcomms.backward=bf16 trainer.ddp_comm_hook=fp16"
+QCOMMS = "sharding.qcomms.forward=fp16 sharding.qcomms.backward=bf16 trainer.ddp_comm_hook=bf16"  # the GPU's pair, bf16 on gloo too
 DEFAULT_JOBS = [
     "golden=golden",
     "golden+qcomms=golden --qcomms fp16:bf16",

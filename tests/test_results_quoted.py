@@ -1436,6 +1436,25 @@ def test_the_comms_guard_is_quoted():
         _check(row[8], [r["test_auc"] - off["test_auc"]])
 
 
+def test_the_bf16_comms_on_gloo_are_quoted():
+    """docs/performance.md's table of the fp16 / bf16 comms with the bf16 hook across two nodes:
+    each seed's seconds and ratio, the guard's checks, its largest backward and all-reduce errors,
+    the largest share lost, what the run kept, the paired test AUC; every run sent bf16."""
+    runs = {(r["job"], r["seed"]): r for r in _network_runs("network_qcomms_bf16_200mbit")}
+    rows = _rows("docs/performance.md", "| seed (qcomms fp16 / bf16 + the bf16 hook, auto, with the guard, 200mbit) |")
+    assert [int(row[0]) for row in rows] == [0, 1, 2]
+    for row in rows:
+        off, r = runs[("off", int(row[0]))], runs[("off+qcomms bf16(auto)", int(row[0]))]
+        assert r["qcomms"]["backward_on_wire"] == "bf16" and r["ddp_comm_hook"]["hook"] == "bf16"
+        guard = r["qcomms"]["guard"]
+        _check(" ".join(row[1:5]), [off["train_seconds"], r["train_seconds"], off["train_seconds"] / r["train_seconds"],
+                                    guard["checks"]])  # fmt: skip
+        _check(row[5], [1e4 * guard["worst"][d]["error"] for d in ("backward", "all_reduce")])
+        _check(row[6], [100 * max(f["lost"] for f in guard["worst"].values())])
+        assert row[7] == r["qcomms"]["chosen"] == "quantized" and guard["tripped_at"] is None
+        _check(row[8], [r["test_auc"] - off["test_auc"]])
+
+
 def test_quantized_comms_where_they_pay_are_quoted():
     """docs/performance.md's two tables of ``sharding.qcomms.when=auto``: every run's seconds,
     ratio, wire bytes, the probe's two medians, what it kept and the paired test AUC; after the
