@@ -653,6 +653,8 @@ QCOMMS_ROWS = {
         ("serve_qcomms_scaled_clicklog_raw", "qcomms"),
     ("qcomms + fp16 hook, both scaled by 1024, `clicklog_raw`", "TorchRec's kinds, pinned (54681a4)", False):
         ("serve_qcomms_scaled_clicklog_raw", "qcomms_scaled"),
+    ("qcomms in bf16 on gloo + bf16 hook (063dc4e), `clicklog_raw`", "`off`'s (`plan_as=fp32`)", False):
+        ("serve_qcomms_bf16_clicklog_raw", "qcomms_bf16"),
 }
 
 
@@ -1453,6 +1455,26 @@ def test_the_bf16_comms_on_gloo_are_quoted():
         _check(row[6], [100 * max(f["lost"] for f in guard["worst"].values())])
         assert row[7] == r["qcomms"]["chosen"] == "quantized" and guard["tripped_at"] is None
         _check(row[8], [r["test_auc"] - off["test_auc"]])
+
+
+def test_the_bf16_comms_parts_are_quoted():
+    """docs/performance.md's seed-1 table of each part of the bf16 comms alone: the wire's bytes
+    and the paired test AUC of every run, each run quantized in its one part only."""
+    runs = {r["job"]: r for r in _network_runs("network_qcomms_bf16_parts_seed1")}
+    names = {"`off`": "off", "forward fp16": "forward fp16", "backward bf16": "backward bf16", "bf16 hook": "bf16 hook"}
+    rows = _rows("docs/performance.md", "| seed 1, one part quantized (two nodes, unshaped) |")
+    assert [names[row[0]] for row in rows] == list(runs)
+    off = runs["off"]
+    wire = {"off": ("fp32", "fp32", "none"), "forward fp16": ("fp16", "fp32", "none"),
+            "backward bf16": ("fp32", "bf16", "none"), "bf16 hook": ("fp32", "fp32", "bf16")}  # fmt: skip
+    for row in rows:
+        r = runs[names[row[0]]]
+        assert (r["qcomms"]["forward_on_wire"], r["qcomms"]["backward_on_wire"], r["ddp_comm_hook"]["hook"]) == wire[r["job"]]
+        _check(row[1], [r["wire_bytes_per_sample"]])
+        if r is off:
+            assert row[2] == ""
+        else:
+            _check(row[2], [r["test_auc"] - off["test_auc"]])
 
 
 def test_quantized_comms_where_they_pay_are_quoted():

@@ -199,6 +199,11 @@ def test_bf16_gradients_go_on_the_wire_in_bf16_on_gloo(kind):
         assert 2 * q["meter"]["gradient"] == off[r]["meter"]["gradient"]
         assert q["logits"] == fp16[r]["logits"]  # the same fp16 forward
         assert q["row_err"] > 2 * fp16[r]["row_err"] > 0, (q["row_err"], fp16[r]["row_err"])
+        # bf16 both ways: the pooled embeddings too (measured: logits 2-3e-5 off the reference,
+        # fp16's 2e-6 to 1e-5)
+        both = _run(kind, "bf16", "bf16")[r]
+        assert both["counted"] == {"bfloat16": both["meter"]["output"] + both["meter"]["gradient"]}
+        assert both["logit_diff"] > 2 * fp16[r]["logit_diff"] > 0
 
 
 def test_int8_comms_count_their_rows_scale_and_bias():
