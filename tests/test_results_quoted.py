@@ -653,6 +653,8 @@ QCOMMS_ROWS = {
         ("serve_qcomms_scaled_clicklog_raw", "qcomms"),
     ("qcomms + fp16 hook, both scaled by 1024, `clicklog_raw`", "TorchRec's kinds, pinned (54681a4)", False):
         ("serve_qcomms_scaled_clicklog_raw", "qcomms_scaled"),
+    ("qcomms in bf16 on gloo + bf16 hook (063dc4e)", "`off`'s (`plan_as=fp32`)", False):
+        ("serve_qcomms_bf16_clicklog", "qcomms_bf16"),
     ("qcomms in bf16 on gloo + bf16 hook (063dc4e), `clicklog_raw`", "`off`'s (`plan_as=fp32`)", False):
         ("serve_qcomms_bf16_clicklog_raw", "qcomms_bf16"),
 }
