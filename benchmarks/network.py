@@ -16,7 +16,8 @@ A job is a name and Hydra overrides (``--job NAME=OVERRIDES``, given after ``--b
 TorchRec's golden loop (``--job golden=golden``, benchmarks/torchrec_golden_loop.py, with the
 base's data, batch and model sizes; ``golden --qcomms fp16:bf16`` adds TorchRec's quantized
 comms, through TorchRec's own registry: on a CPU it sends the bf16 gradients as fp16, where the
-project's ``sharding.qcomms.backward=bf16`` sends bf16; the bytes are the same). Runs of one seed are paired: the same data, the same seed.
+project's ``sharding.qcomms.backward=bf16`` sends bf16; the bytes are the same). Runs of one seed
+are paired: the same data, the same seed.
 
 Writes a results JSON (``--out``): the command, every run, a table per job and rate (train s,
 samples/s, wire bytes per trained sample, the program's count, paired test AUC against

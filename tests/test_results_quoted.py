@@ -1442,8 +1442,9 @@ def test_the_comms_guard_is_quoted():
 
 def test_the_bf16_comms_on_gloo_are_quoted():
     """docs/performance.md's table of the fp16 / bf16 comms with the bf16 hook across two nodes:
-    each seed's seconds and ratio (the mean paired AUC over the six quoted below it), the guard's checks, its largest backward and all-reduce errors,
-    the largest share lost, what the run kept, the paired test AUC; every run sent bf16."""
+    each seed's seconds and ratio, the guard's checks, its largest backward and all-reduce errors,
+    the largest share lost, what the run kept, the paired test AUC (and their mean over the six
+    seeds, quoted below the table); every run sent bf16."""
     runs = {(r["job"], r["seed"]): r for name in ("network_qcomms_bf16_200mbit", "network_qcomms_bf16_seeds345_200mbit")
             for r in _network_runs(name)}  # fmt: skip
     rows = _rows("docs/performance.md", "| seed (qcomms fp16 / bf16 + the bf16 hook, auto, with the guard, 200mbit) |")
