@@ -406,18 +406,21 @@ def test_the_wire_table_quotes_its_runs():
         assert 1.0 <= row["wire_train_over_program"] <= 1.031
 
 
+_HARNESS_JOBS = {"golden loop": "golden", "golden + qcomms": "golden+qcomms", "`off`": "off",
+                 "`off` + qcomms + fp16 hook": "off+qcomms", "`off` + qcomms + bf16 hook": "off+qcomms",
+                 "defaults": "defaults"}
+
+
 def _harness_table(name: str, header: str):
     """A harness table of docs/performance.md against its results file: every row as the file's
     table has it. Returns the file and its table by (job, rate)."""
     doc = json.loads((RESULTS / name).read_text())
     assert name in doc["command"] and doc["rates"] == ["none", "1gbit", "200mbit"]
-    names = {"golden loop": "golden", "golden + qcomms": "golden+qcomms", "`off`": "off",
-             "`off` + qcomms + fp16 hook": "off+qcomms", "defaults": "defaults"}
     table = {(r["job"], r["rate"]): r for r in doc["table"]}
     rows = _rows("docs/performance.md", header)
     assert len(rows) == len(table) == 15
     for cells in rows:
-        r = table[(names[cells[0].split(" (")[0]], cells[1])]
+        r = table[(_HARNESS_JOBS[cells[0].split(" (")[0]], cells[1])]
         _check(cells[2] + " " + cells[3].replace(",", ""), [r["train_seconds"], r["samples_per_second"]])
         _check(cells[4], [r["wire_bytes_per_sample"]])
         _check(cells[5], [] if r["program_bytes_per_sample"] is None else [r["program_bytes_per_sample"]])
@@ -469,6 +472,49 @@ def test_the_harness_table_quotes_its_run():
     assert "0.91x" in text and round(sec[("golden", "200mbit")] / sec[("off", "200mbit")], 2) == 0.91
     quoted = [f"{sec[('off', rate)] / sec[('defaults', rate)]:.2f}x" for rate in ("none", "1gbit", "200mbit")]
     assert f"{quoted[0]} `off` unshaped and {quoted[1]} over 1gbit" in text and f"{quoted[2]} `off`. Paired" in text
+
+
+def test_the_harness_on_three_seeds_quotes_its_run():
+    """The harness's published run (5 jobs x 3 links x 3 seeds): every row as the results file's
+    runs have it, per seed, and the ratios the bullets below it quote."""
+    name = "network_harness_clicklog_3seeds.json"
+    doc = json.loads((RESULTS / name).read_text())
+    assert name in doc["command"] and doc["rates"] == ["none", "1gbit", "200mbit"] and doc["seeds"] == 3
+    runs = {(r["job"], r["rate"], r["seed"]): r for r in doc["runs"]}
+    table = {(r["job"], r["rate"]): r for r in doc["table"]}
+    rows = _rows("docs/performance.md", "| job (the harness, `clicklog`, 3 seeds) | link |")
+    assert len(rows) == len(table) == 15 and len(runs) == 45
+    for cells in rows:
+        job, rate = _HARNESS_JOBS[cells[0].split(" (")[0]], cells[1]
+        mean = table[(job, rate)]
+        mine, off = ([runs[(j, rate, s)] for s in range(3)] for j in (job, "off"))
+        _check(cells[2], [mean["train_seconds"]] + [r["train_seconds"] for r in mine])
+        _check(cells[3].replace(",", ""), [mean["samples_per_second"]])
+        paired = job != "off"
+        _check(cells[4], [o["train_seconds"] / m["train_seconds"] for o, m in zip(off, mine)] if paired else [])
+        _check(cells[5], [mean["wire_bytes_per_sample"]])
+        _check(cells[6], [] if mean["program_bytes_per_sample"] is None else [mean["program_bytes_per_sample"]])
+        _check(cells[7], [mean["test_auc"]])
+        _check(cells[8], [m["test_auc"] - o["test_auc"] for o, m in zip(off, mine)] if paired else [])
+    text = " ".join((ROOT / "docs/performance.md").read_text().split())
+    share = doc["communication_share"]["by_rate"]
+    assert f"{share['1gbit']:.1%} at 1gbit and {share['200mbit']:.1%} at 200mbit" in text
+    assert f"wall seconds sum to {sum(r['wall_seconds'] for r in doc['runs']):.0f})" in text
+    sec = {k: v["train_seconds"] for k, v in runs.items()}
+    golden = ", ".join(f"{sec[('golden', '200mbit', s)] / sec[('off', '200mbit', s)]:.3f}" for s in range(3))
+    assert f"**0.99x over 200mbit on every seed** ({golden})" in text
+    wire = {k: v["wire_bytes_per_sample"] for k, v in table.items()}
+    assert f"**{wire[('off+qcomms', '200mbit')] / wire[('off', '200mbit')]:.2f} of `off`'s**" in text
+    fast = [f"{sec[('off', '200mbit', s)] / sec[('off+qcomms', '200mbit', s)]:.2f}x" for s in range(3)]
+    assert f"**{fast[0]}, {fast[1]} and {fast[2]} `off`**" in text
+    mean = {k: v["train_seconds"] for k, v in table.items()}
+    assert f"{mean[('golden+qcomms', '200mbit')] / mean[('off+qcomms', '200mbit')]:.2f}x the golden loop with its own" in text
+    defaults = sorted(sec[("off", "200mbit", s)] / sec[("defaults", "200mbit", s)] for s in range(3))
+    assert f"**{defaults[0]:.2f}-{defaults[-1]:.2f}x `off`**" in text
+    assert f"`off` + qcomms is {mean[('defaults', '200mbit')] / mean[('off+qcomms', '200mbit')]:.2f}x the defaults" in text
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"trained {min(fast)[:-1]}-{max(fast)} `off` over 200mbit on "
+            f"{wire[('off+qcomms', '200mbit')] / wire[('off', '200mbit')]:.2f} of its bytes") in readme
 
 
 def _check_rows() -> Dict[Tuple[int, str, str, str], dict]:

@@ -10,6 +10,9 @@ bucket before the all-reduce and back after it). The meter adds them once per tr
 of each DDP module (training mode, grad enabled: evaluation and Slipstream's scoring send
 nothing) into the run's byte meter as ``dense`` (the dense arch) and ``data_parallel`` (the
 data-parallel tables).
+
+The hooks below carry no annotations: DDP reads a hook's signature and takes only
+``dist.GradBucket`` itself, not the string this module's postponed annotations would give it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from slipstream_rec.training.config import DDPCommHook
 
-# (no annotations: DDP reads a hook's signature and takes only dist.GradBucket itself, not the
-# string this module's postponed annotations would give it)
 def bf16_all_reduce_hook(process_group, bucket):  # type: ignore[no-untyped-def]
     """PyTorch's ``bf16_compress_hook`` itself, registered under this name: DDP refuses a hook
     *named* ``bf16_compress_hook`` without CUDA and NCCL 2.10 (a check from before gloo reduced
@@ -56,8 +57,6 @@ def scaled_fp16_hook(scale: float) -> Callable[..., Any]:
     No host sync: tensor ops and the all-reduce only (the GPU path's step stays sync-free)."""
     assert scale > 0 and math.isfinite(scale), scale
 
-    # (no annotations: DDP reads the signature and takes only dist.GradBucket itself, not the
-    # string this module's postponed annotations would give it)
     def scaled_fp16_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]
         group = process_group if process_group is not None else dist.group.WORLD  # as PyTorch's hooks
         world = group.size()  # type: ignore[union-attr]
