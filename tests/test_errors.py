@@ -465,7 +465,7 @@ def test_serve_when_auto_without_serving_names_the_preset_that_serves(workdir, c
 
 @pytest.mark.parametrize("override, hint", [
     ("slipstream.serve_window_steps=2", "at least 4 steps"),
-    ("slipstream.serve_min_gain=1.5", "(-1, 1)"),
+    ("slipstream.serve_min_gain=1.5", "a fraction below 1"),
     ("trainer.precision_probe_steps=-1", "0 (no timing)"),
     ("sharding.qcomms.probe_steps=-2", "0 (no timing: the comms stay on)"),
     ("sharding.qcomms.min_gain=-1", "(-1, 1)"),

@@ -6,6 +6,7 @@ policy name, except to know whether to track and whether to skip.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from slipstream_rec.validation import check_fields
@@ -140,7 +141,8 @@ class SlipstreamConfig:
     # window, timed without serving, is the wait from count_steps to the second snapshot.
     serve_window_steps: int = 50
     # auto: serving stays on only where a step with it takes at most (1 - this) of a step
-    # without it (without: less the tracking, which standing down removes too).
+    # without it (without: less the tracking, which standing down removes too). Below 0 it
+    # tolerates a slower step: -1 serves up to twice as slow, -9 up to 10 times.
     serve_min_gain: float = 0.02
     # auto: windows before the first re-check of a decision (serving: one window without it;
     # stood down: tracking resumes to look again); each re-check that confirms it doubles the wait.
@@ -234,7 +236,8 @@ class SlipstreamConfig:
             ),
             ("serve_window_steps", self.serve_window_steps >= 4,
              "at least 4 steps (the first 2 of a window are not timed)"),
-            ("serve_min_gain", -1 < self.serve_min_gain < 1, "a fraction in (-1, 1) (0.02: 2% faster)"),
+            ("serve_min_gain", -math.inf < self.serve_min_gain < 1,
+             "a fraction below 1 (0.02: 2% faster; -1: serve up to twice as slow)"),
             ("serve_recheck_windows", self.serve_recheck_windows >= 1, "at least 1 window"),
             ("serve_look_budget", 0 < self.serve_look_budget <= 1, "a fraction in (0, 1] (0.01: 1% of the wait)"),
             (

@@ -97,10 +97,11 @@ def test_a_step_makes_no_device_sync_of_ours_and_stays_within_the_golden_loops_b
     tmp_path, data_root, policy, total_budget
 ):
     # off also writes a short profiler trace (trainer.profile_steps), from the middle of the run;
-    # serve keeps serving, its lever's windows and re-checks timed (a step may cost 90% more,
-    # as in test_lever_e2e's tolerated run): on one machine it would stand down, and the audit
-    # would see serving and counting only until then, however early the lever decided
-    extra = {"off": ["trainer.profile_steps=2"], "serve": ["slipstream.serve_min_gain=-0.9"]}.get(policy, [])
+    # serve keeps serving, its lever's windows and re-checks timed (a step may take up to 10
+    # times as long: the audit's per-op hooks cost serving's many small ops most, and one
+    # audited trial measured serving 2.2x its step without): on one machine it would stand
+    # down, and the audit would see serving and counting only until then
+    extra = {"off": ["trainer.profile_steps=2"], "serve": ["slipstream.serve_min_gain=-9"]}.get(policy, [])
     for rank, steps in enumerate(_audit(tmp_path, data_root, policy, *extra)):
         if policy == "off":
             trace = json.loads((tmp_path / policy / "profile" / f"trace_rank{rank}.json").read_text())

@@ -21,7 +21,7 @@ import pytest
 from tests._fixtures import BIN, _run
 
 
-RECHECKED = ["slipstream.serve_when=auto", "slipstream.serve_window_steps=20", "slipstream.serve_min_gain=-0.9",
+RECHECKED = ["slipstream.serve_when=auto", "slipstream.serve_window_steps=20", "slipstream.serve_min_gain=-9",
              "slipstream.serve_recheck_windows=2", "slipstream.serve_look_budget=1"]  # fmt: skip
 
 
