@@ -486,35 +486,51 @@ def test_the_harness_on_three_seeds_quotes_its_run():
     assert len(rows) == len(table) == 15 and len(runs) == 45
     for cells in rows:
         job, rate = _HARNESS_JOBS[cells[0].split(" (")[0]], cells[1]
-        mean = table[(job, rate)]
+        row = table[(job, rate)]
         mine, off = ([runs[(j, rate, s)] for s in range(3)] for j in (job, "off"))
-        _check(cells[2], [mean["train_seconds"]] + [r["train_seconds"] for r in mine])
-        _check(cells[3].replace(",", ""), [mean["samples_per_second"]])
+        _check(cells[2], [row["train_seconds"]] + [r["train_seconds"] for r in mine])
+        _check(cells[3].replace(",", ""), [row["samples_per_second"]])
         paired = job != "off"
         _check(cells[4], [o["train_seconds"] / m["train_seconds"] for o, m in zip(off, mine)] if paired else [])
-        _check(cells[5], [mean["wire_bytes_per_sample"]])
-        _check(cells[6], [] if mean["program_bytes_per_sample"] is None else [mean["program_bytes_per_sample"]])
-        _check(cells[7], [mean["test_auc"]])
+        _check(cells[5], [row["wire_bytes_per_sample"]])
+        _check(cells[6], [] if row["program_bytes_per_sample"] is None else [row["program_bytes_per_sample"]])
+        _check(cells[7], [row["test_auc"]])
         _check(cells[8], [m["test_auc"] - o["test_auc"] for o, m in zip(off, mine)] if paired else [])
     text = " ".join((ROOT / "docs/performance.md").read_text().split())
+    (trained,) = {r["samples_trained"] for r in doc["runs"]}
+    assert f"every job trained the same {trained:,} samples" in text
     share = doc["communication_share"]["by_rate"]
     assert f"{share['1gbit']:.1%} at 1gbit and {share['200mbit']:.1%} at 200mbit" in text
     assert f"wall seconds sum to {sum(r['wall_seconds'] for r in doc['runs']):.0f})" in text
     sec = {k: v["train_seconds"] for k, v in runs.items()}
+    mean_sec = {k: v["train_seconds"] for k, v in table.items()}
     golden = ", ".join(f"{sec[('golden', '200mbit', s)] / sec[('off', '200mbit', s)]:.3f}" for s in range(3))
     assert f"**0.99x over 200mbit on every seed** ({golden})" in text
     wire = {k: v["wire_bytes_per_sample"] for k, v in table.items()}
-    assert f"**{wire[('off+qcomms', '200mbit')] / wire[('off', '200mbit')]:.2f} of `off`'s**" in text
+    qcomms_bytes = f"{wire[('off+qcomms', '200mbit')] / wire[('off', '200mbit')]:.2f}"
+    assert f"**{qcomms_bytes} of `off`'s**" in text
     fast = [f"{sec[('off', '200mbit', s)] / sec[('off+qcomms', '200mbit', s)]:.2f}x" for s in range(3)]
     assert f"**{fast[0]}, {fast[1]} and {fast[2]} `off`**" in text
-    mean = {k: v["train_seconds"] for k, v in table.items()}
-    assert f"{mean[('golden+qcomms', '200mbit')] / mean[('off+qcomms', '200mbit')]:.2f}x the golden loop with its own" in text
+    assert f"{mean_sec[('golden+qcomms', '200mbit')] / mean_sec[('off+qcomms', '200mbit')]:.2f}x the golden loop with its own" in text
     defaults = sorted(sec[("off", "200mbit", s)] / sec[("defaults", "200mbit", s)] for s in range(3))
     assert f"**{defaults[0]:.2f}-{defaults[-1]:.2f}x `off`**" in text
-    assert f"`off` + qcomms is {mean[('defaults', '200mbit')] / mean[('off+qcomms', '200mbit')]:.2f}x the defaults" in text
+    assert f"`off` + qcomms is {mean_sec[('defaults', '200mbit')] / mean_sec[('off+qcomms', '200mbit')]:.2f}x the defaults" in text
+    # what the serve lever did in the defaults' runs: down at one step unshaped and over 1gbit,
+    # serving from one step over 200mbit, and the embedding side of the wire there
+    lever = {(r["rate"], r["seed"]): (r["serve_lever"], r["served_fraction"]) for r in doc["runs"] if r["job"] == "defaults"}
+    down = {lv["decisions"][0]["step"] for (rate, _), (lv, _) in lever.items() if rate != "200mbit" and lv["state"] == "down"}
+    (down_at,) = down
+    assert f"stood serving down at step {down_at} on all six runs" in text
+    shaped = [lever[("200mbit", s)] for s in range(3)]
+    (serve_from,) = {lv["decisions"][0]["step"] for lv, _ in shaped if lv["decisions"][0]["to"] == "serving"}
+    assert f"served from step {serve_from} ({min(f for _, f in shaped):.2f} of the lookups)" in text
+    assert max(f for _, f in shaped) - min(f for _, f in shaped) < 0.005
+    emb = [table[(j, "200mbit")]["wire_train_minus_dense_bytes_per_sample"] for j in ("defaults", "off")]
+    assert f"the embedding side {emb[0]:.0f} against {emb[1]:.0f}, {emb[0] / emb[1]:.2f}" in text
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert (f"trained {min(fast)[:-1]}-{max(fast)} `off` over 200mbit on "
-            f"{wire[('off+qcomms', '200mbit')] / wire[('off', '200mbit')]:.2f} of its bytes") in readme
+    auc = [f"{runs[('off+qcomms', '200mbit', s)]['test_auc'] - runs[('off', '200mbit', s)]['test_auc']:+.4f}" for s in range(3)]
+    assert (f"trained {min(fast)[:-1]}-{max(fast)} `off` over 200mbit on {qcomms_bytes} of its bytes at "
+            f"{auc[0]}, {auc[1]} and {auc[2]}, and") in readme
 
 
 def _check_rows() -> Dict[Tuple[int, str, str, str], dict]:
